@@ -1,0 +1,42 @@
+# lime-sweeps entry points. Every target installs what it needs on a fresh machine.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+# A plain `torch` requirement can pull a multi-GB CUDA build; pin the install step.
+TORCH   ?= torch==2.13.0
+SWEEP   ?= default
+PYTEST_ARGS ?=
+STAMP   := $(VENV)/.installed
+
+.PHONY: install test test-all sweep report bench mlflow-ui clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+sweep: $(STAMP)
+	$(BIN)/lime sweep run sweeps/$(SWEEP).yaml
+	$(BIN)/lime report $(SWEEP)
+
+report: $(STAMP)
+	$(BIN)/lime report $(SWEEP)
+
+bench: $(STAMP)
+	$(BIN)/lime bench
+
+mlflow-ui: $(STAMP)
+	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db}" --host 127.0.0.1 --port 5000
+
+clean:
+	rm -rf $(VENV) results/ray

@@ -1,0 +1,155 @@
+"""Typed model configuration and the presets of the paper's scales.
+
+Configs hold names and numbers only, so ``asdict(cfg)`` goes straight into MLflow params and
+Ray Tune search spaces. Presets are functions deriving from one base; any field can be
+overridden, and unknown or inconsistent fields raise ``ConfigError`` naming the field.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from typing import Any, Callable
+
+from .errors import ConfigError
+
+ATTN_IMPLS = ("sdpa", "flash", "eager")
+ROUTER_INITS = ("paper", "identity")
+ROUTING_IMPLS = ("buffer", "concat")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    vocab_size: int = 256
+    d_model: int = 64
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: int | None = None  # None = n_heads (MHA)
+    ffn_dim: int = 172
+    max_seq_len: int = 256
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    init_std: float = 0.02
+    router: str = "none"
+    router_init: str = "paper"
+    attn_impl: str = "sdpa"
+    # "buffer": the preallocated K/V buffer (O(L) memory). "concat": the paper's pseudocode,
+    # concatenating every buffered K/V at each layer (O(L^2)); kept as the benchmark's peer.
+    routing_impl: str = "buffer"
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"model.{name}: must be a positive integer, got {v!r}")
+        if self.n_kv_heads is not None and (
+            isinstance(self.n_kv_heads, bool) or not isinstance(self.n_kv_heads, int) or self.n_kv_heads < 1
+        ):
+            raise ConfigError(f"model.n_kv_heads: must be a positive integer, got {self.n_kv_heads!r}")
+        if self.d_model % self.n_heads:
+            raise ConfigError(
+                f"model.n_heads: {self.n_heads} does not divide model.d_model={self.d_model}"
+            )
+        if self.n_heads % self.kv_heads:
+            raise ConfigError(
+                f"model.n_kv_heads: {self.kv_heads} does not divide model.n_heads={self.n_heads}"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"model.d_model/n_heads: head dim {self.head_dim} must be even for RoPE")
+        for name in ("rope_theta", "norm_eps", "init_std"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise ConfigError(f"model.{name}: must be a positive number, got {v!r}")
+        for name, allowed in (("router_init", ROUTER_INITS), ("attn_impl", ATTN_IMPLS),
+                              ("routing_impl", ROUTING_IMPLS)):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(f"model.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
+        if not isinstance(self.tie_embeddings, bool):
+            raise ConfigError(f"model.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
+        from .routers import parse_router  # late import: routers import this module
+
+        parse_router(self.router)  # raises ConfigError listing the registered routers
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_heads or self.n_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    def replace(self, **overrides: Any) -> "ModelConfig":
+        return ModelConfig.from_dict({**dataclasses.asdict(self), **overrides})
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        for k in d:
+            if k not in known:
+                raise ConfigError(f"model.{k}: unknown key; allowed: {', '.join(sorted(known))}")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# Presets: each derives from `_base` (or another preset) by a small diff.
+GPT2_VOCAB = 50_257
+PRESETS: dict[str, Callable[..., ModelConfig]] = {}
+
+
+def register_preset(name: str):
+    def deco(fn: Callable[[], dict[str, Any]]):
+        PRESETS[name] = fn
+        return fn
+
+    return deco
+
+
+def _base() -> dict[str, Any]:
+    return ModelConfig().to_dict()
+
+
+@register_preset("tiny")
+def _tiny() -> dict[str, Any]:
+    # Small enough for CI on 2 cores; byte vocabulary of the built-in corpus.
+    return {**_base(), "vocab_size": 256, "d_model": 64, "n_layers": 4, "n_heads": 4, "ffn_dim": 172,
+            "max_seq_len": 256}
+
+
+@register_preset("150m")
+def _150m() -> dict[str, Any]:
+    # 151.9M parameters with the tied GPT-2 vocabulary (LLaMA 8/3 FFN ratio).
+    return {**_base(), "vocab_size": GPT2_VOCAB, "d_model": 768, "n_layers": 16, "n_heads": 12,
+            "ffn_dim": 2048, "max_seq_len": 1024}
+
+
+def _deep(n_layers: int) -> dict[str, Any]:
+    # The authors' deep configuration: hidden 256, FFN 1024, 8 heads.
+    return {**_base(), "vocab_size": GPT2_VOCAB, "d_model": 256, "n_layers": n_layers, "n_heads": 8,
+            "ffn_dim": 1024, "max_seq_len": 1024}
+
+
+register_preset("deep32")(lambda: _deep(32))
+register_preset("deep64")(lambda: _deep(64))
+register_preset("deep128")(lambda: _deep(128))
+
+
+@register_preset("1b")
+def _1b() -> dict[str, Any]:
+    # PAPER.md Table 4 (MHA): 1.17674B parameters.
+    return {**_base(), "vocab_size": GPT2_VOCAB, "d_model": 2048, "n_layers": 16, "n_heads": 32,
+            "n_kv_heads": 32, "ffn_dim": 8192, "max_seq_len": 2048}
+
+
+@register_preset("1b-gqa")
+def _1b_gqa() -> dict[str, Any]:
+    return {**_1b(), "n_kv_heads": 8}  # 1.07607B parameters
+
+
+def preset(name: str, **overrides: Any) -> ModelConfig:
+    """The named preset with any field overridden."""
+    if name not in PRESETS:
+        raise ConfigError(f"preset: unknown preset {name!r}; allowed: {', '.join(PRESETS)}")
+    return ModelConfig.from_dict({**PRESETS[name](), **overrides})

@@ -1,0 +1,196 @@
+"""A LLaMA-style decoder whose attention reads routed K/V (LIMe).
+
+Pre-RMSNorm blocks, causal attention with RoPE, SwiGLU MLP, final norm, tied LM head. The
+only LIMe-specific line is ``k, v = mixer.route(l, k, v)``: raw pre-RoPE K/V go in, routed K/V
+come out, and RoPE is applied once after routing (all mixed vectors share one position, so
+this equals mixing post-RoPE keys). With the ``none`` router this is exactly LLaMA.
+"""
+from __future__ import annotations
+
+import logging
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kvbuffer import make_mixer
+from .routers import Router, build_router
+
+log = logging.getLogger("lime_arch")
+Tensor = torch.Tensor
+
+try:  # optional: flash-attn is never required
+    from flash_attn import flash_attn_func  # type: ignore
+except Exception:  # noqa: BLE001 - any import failure means "not available"
+    flash_attn_func = None
+
+_announced: set[str] = set()
+
+
+def _announce(msg: str) -> None:
+    """Log the attention path once per process, so the choice is never a silent surprise."""
+    if msg not in _announced:
+        _announced.add(msg)
+        log.info(msg)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        xf = x.to(torch.promote_types(x.dtype, torch.float32))  # fp32 or better for the statistic
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def rope_cache(head_dim: int, max_len: int, theta: float) -> tuple[Tensor, Tensor]:
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    ang = torch.outer(torch.arange(max_len, dtype=torch.float64), inv)  # (T, Hd/2)
+    ang = torch.cat([ang, ang], dim=-1)  # (T, Hd) in rotate-half layout
+    return ang.cos(), ang.sin()  # float64; cast per use, so a bf16 model keeps exact angles
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (B, H, T, Hd); cos/sin: (T, Hd)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rot = torch.cat([-x2, x1], dim=-1)
+    return x * cos.to(x.dtype) + rot * sin.to(x.dtype)
+
+
+class KVCache:
+    """Routed, post-RoPE K/V of each layer: exactly the baseline's cache size."""
+
+    def __init__(self, cfg: ModelConfig, batch: int, max_len: int, device, dtype):
+        shape = (cfg.n_layers, batch, cfg.kv_heads, max_len, cfg.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0
+
+    def nbytes(self) -> int:
+        return self.k.numel() * self.k.element_size() + self.v.numel() * self.v.element_size()
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.H, self.R, self.Hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, self.H * self.Hd, bias=False)
+        self.wk = nn.Linear(cfg.d_model, self.R * self.Hd, bias=False)
+        self.wv = nn.Linear(cfg.d_model, self.R * self.Hd, bias=False)
+        self.wo = nn.Linear(self.H * self.Hd, cfg.d_model, bias=False)
+
+    def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.H, self.Hd).transpose(1, 2)  # (B, H, T, Hd)
+        k = self.wk(x).view(B, T, self.R, self.Hd)  # raw, pre-RoPE (B, T, R, Hd)
+        v = self.wv(x).view(B, T, self.R, self.Hd)
+        k, v = mixer.route(l, k, v)  # routed (B, R, T, Hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        causal = True
+        if cache is not None:
+            p = cache.pos
+            cache.k[l, :, :, p:p + T] = k
+            cache.v[l, :, :, p:p + T] = v
+            k, v = cache.k[l, :, :, :p + T], cache.v[l, :, :, :p + T]
+            causal = p == 0  # one new token attends to everything cached; a prompt is causal
+            if p > 0 and T > 1:
+                raise ValueError("chunked prefill after a cached prefix is not supported")
+        y = self._attend(q, k, v, causal)  # (B, H, T, Hd)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.H * self.Hd))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, causal: bool) -> Tensor:
+        impl = self.cfg.attn_impl
+        if impl == "flash":
+            if flash_attn_func is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
+                _announce("attention: flash-attn")
+                y = flash_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=causal)
+                return y.transpose(1, 2)
+            _announce("attention: flash requested but unavailable here (needs flash-attn, CUDA, bf16/fp16); using SDPA")
+            impl = "sdpa"
+        if impl == "sdpa":
+            _announce("attention: torch SDPA")
+            return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=self.H != self.R)
+        _announce("attention: eager (explicit softmax)")
+        rep = self.H // self.R
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(self.Hd)  # (B, H, T, S)
+        if causal:
+            T, S = att.shape[-2:]
+            mask = torch.ones(T, S, dtype=torch.bool, device=q.device).tril(S - T)
+            att = att.masked_fill(~mask, float("-inf"))
+        return att.softmax(-1) @ v
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.w1 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # gate
+        self.w3 = nn.Linear(cfg.d_model, cfg.ffn_dim, bias=False)  # up
+        self.w2 = nn.Linear(cfg.ffn_dim, cfg.d_model, bias=False)  # down
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+        x = x + self.attn(self.attn_norm(x), l, mixer, cos, sin, cache)
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class LIMeDecoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layers)])
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.embed.weight
+        # built after the init loop so its own (paper or identity) init is kept
+        self.router: Router = build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
+                                           head_dim=cfg.head_dim, init=cfg.router_init)
+        cos, sin = rope_cache(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def _init_weights(self) -> None:
+        std = self.cfg.init_std
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                # residual-output projections scaled by depth (GPT-2 style) keep deep stacks stable
+                s = std / math.sqrt(2 * self.cfg.n_layers) if name.endswith(("wo.weight", "w2.weight")) else std
+                nn.init.normal_(p, mean=0.0, std=s)
+
+    def forward(self, idx: Tensor, cache: KVCache | None = None) -> Tensor:
+        """idx: (B, T) token ids -> logits (B, T, V). With a cache, positions continue from it."""
+        B, T = idx.shape
+        p = cache.pos if cache is not None else 0
+        if p + T > self.cfg.max_seq_len:
+            raise ValueError(f"sequence of {p + T} tokens exceeds model.max_seq_len={self.cfg.max_seq_len}")
+        cos, sin = self.rope_cos[p:p + T], self.rope_sin[p:p + T]
+        mixer = make_mixer(self.router, self.cfg.routing_impl)
+        x = self.embed(idx)  # (B, T, C)
+        for l, block in enumerate(self.blocks):
+            x = block(x, l, mixer, cos, sin, cache)
+        if cache is not None:
+            cache.pos += T
+        return self.lm_head(self.norm(x))  # (B, T, V)
+
+
+def build_model(cfg: ModelConfig) -> LIMeDecoder:
+    return LIMeDecoder(cfg)

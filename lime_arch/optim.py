@@ -1,0 +1,29 @@
+"""Optimizer parameter groups: router weights with their own LR and no decay; norms,
+embeddings and biases without decay; the rest decays."""
+from __future__ import annotations
+
+from torch import nn
+
+from .errors import ConfigError
+
+
+def param_groups(model: nn.Module, *, lr: float, weight_decay: float, router_lr: float | None = None,
+                 router_lr_mult: float | None = None) -> list[dict]:
+    if router_lr is not None and router_lr_mult is not None:
+        raise ConfigError("optim.router_lr: set router_lr or router_lr_mult, not both")
+    rlr = router_lr if router_lr is not None else lr * (router_lr_mult if router_lr_mult is not None else 1.0)
+    decay, no_decay, router = [], [], []
+    for name, p in model.named_parameters():  # tied weights appear once
+        if not p.requires_grad:
+            continue
+        if name.startswith("router.") or ".router." in name:
+            router.append(p)
+        elif p.dim() < 2 or "embed" in name or "norm" in name or name.endswith(".bias"):
+            no_decay.append(p)
+        else:
+            decay.append(p)
+    groups = [{"name": "decay", "params": decay, "lr": lr, "weight_decay": weight_decay},
+              {"name": "no_decay", "params": no_decay, "lr": lr, "weight_decay": 0.0}]
+    if router:
+        groups.append({"name": "router", "params": router, "lr": rlr, "weight_decay": 0.0})
+    return groups
