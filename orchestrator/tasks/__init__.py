@@ -1,0 +1,18 @@
+"""Synthetic reasoning tasks of the paper (issue 7): ``arithmetic`` (step-by-step reduction of
+integer expressions), ``prosqa`` (path finding over "Every X is a Y." facts) and ``kv-recall``.
+
+``make_task(name, **params)`` builds one; ``task.generate(split, n, seed)`` draws deterministic
+examples whose prompts never occur in two splits; ``task.encode`` gives ids and the target-only
+loss mask; ``task.score`` exact-matches the answer extracted from a generation. See ``base`` for
+the shared conventions and each task module for its format.
+"""
+from . import arithmetic, kv_recall, prosqa  # noqa: F401  (imported to register the tasks)
+from .arithmetic import ArithmeticTask, reduce_expression
+from .base import SPLITS, TASKS, CharVocab, Example, Task, make_task, register_task, split_of
+from .kv_recall import KVRecallTask
+from .prosqa import ProsQATask
+
+__all__ = [
+    "SPLITS", "TASKS", "ArithmeticTask", "CharVocab", "Example", "KVRecallTask", "ProsQATask", "Task",
+    "make_task", "reduce_expression", "register_task", "split_of",
+]
