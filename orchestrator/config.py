@@ -70,6 +70,8 @@ class TrainConfig:
     checkpoint_interval: int = 0  # 0: only at the end
     checkpoint_dir: str | None = None
     threads: int | None = None  # torch intra-op threads on CPU (None: torch's default)
+    analyze: bool = False  # representation analysis at the end of the trial (lime analyze)
+    analyze_sequences: int = 32
 
 
 @dataclass(kw_only=True)

@@ -186,7 +186,8 @@ def run_trial(cfg: TrialConfig, *, tracking: Tracking | None = None, resume: str
     def checkpoint() -> str:
         save_checkpoint(ckpt_dir / CKPT_NAME, {
             "model": model.state_dict(), "optimizer": opt.state_dict(), "scheduler": sched.state_dict(),
-            "rng": _rng_state(), "step": step, "run_id": run_id, "history": history})
+            "rng": _rng_state(), "step": step, "run_id": run_id, "history": history,
+            "config": cfg.to_dict(), "vocab_size": mcfg.vocab_size})
         return str(ckpt_dir)
 
     def emit(metrics: dict, ck: str | None = None) -> None:
@@ -253,6 +254,11 @@ def run_trial(cfg: TrialConfig, *, tracking: Tracking | None = None, resume: str
             model.train()
             final.update(task_metrics)
             final.update({f"final/{k.split('/', 1)[1]}": v for k, v in task_metrics.items() if k.startswith("val/")})
+            if tr.analyze:  # optional end-of-trial representation analysis (issue 8)
+                from .analysis.run import analyze_model
+
+                analysis = analyze_model(model, data, sequences=tr.analyze_sequences, seq_len=tr.seq_len)
+                final.update(analysis.metrics)
         ck = checkpoint()
         if final:
             emit(final, ck)

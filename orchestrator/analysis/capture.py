@@ -1,0 +1,48 @@
+"""Capture per-layer hidden states and attended values without touching the training path.
+
+``capture(model)`` is a context manager: forward hooks on the blocks record the residual
+stream after each layer, and the mixer factory the decoder calls once per forward is wrapped
+for the duration so each layer's *routed* values (what attention actually reads; the plain
+values for ``none``) are recorded too. Outside the context the model is exactly as before.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+import lime_arch.model as lime_model
+
+
+@contextmanager
+def capture(model: lime_model.LIMeDecoder):
+    L = model.cfg.n_layers
+    store: dict[str, list[torch.Tensor | None]] = {"hidden": [None] * L, "values": [None] * L}
+    hooks = []
+    for l, blk in enumerate(model.blocks):
+        def hook(_m, _inp, out, l=l):
+            store["hidden"][l] = out.detach()  # (B, T, C)
+
+        hooks.append(blk.register_forward_hook(hook))
+    original = lime_model.make_mixer
+
+    def recording_mixer(router, impl="buffer"):
+        mixer = original(router, impl)
+        route = mixer.route
+
+        def route_and_record(l, k, v):
+            kr, vr = route(l, k, v)
+            B, R, T, Hd = vr.shape
+            store["values"][l] = vr.detach().transpose(1, 2).reshape(B, T, R * Hd)  # (B, T, R*Hd)
+            return kr, vr
+
+        mixer.route = route_and_record
+        return mixer
+
+    lime_model.make_mixer = recording_mixer
+    try:
+        yield store
+    finally:
+        lime_model.make_mixer = original
+        for h in hooks:
+            h.remove()
