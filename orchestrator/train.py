@@ -226,13 +226,17 @@ def run_trial(cfg: TrialConfig, *, tracking: Tracking | None = None, resume: str
             losses.append(loss_sum)
             norms.append(float(gn))
             step += 1
-            if step % tr.log_interval == 0 or step == tr.steps or step == stop_at:
-                med = statistics.median(window)
-                metrics = {"train/loss": statistics.fmean(losses), "train/lr": opt.param_groups[0]["lr"],
-                           "train/grad_norm": statistics.fmean(norms), "train/tokens_per_s": tokens_per_step / med,
-                           "perf/step_time_ms": 1000 * med, "perf/peak_mem_mb": peak_mem_mb(device)}
-                window, losses, norms = [], [], []
-                if step % tr.eval_interval == 0 and step < tr.steps:
+            do_log = step % tr.log_interval == 0 or step == tr.steps or step == stop_at
+            do_eval = step % tr.eval_interval == 0 and step < tr.steps  # the final eval comes below
+            if do_log or do_eval:
+                metrics = {}
+                if do_log:
+                    med = statistics.median(window)
+                    metrics = {"train/loss": statistics.fmean(losses), "train/lr": opt.param_groups[0]["lr"],
+                               "train/grad_norm": statistics.fmean(norms), "train/tokens_per_s": tokens_per_step / med,
+                               "perf/step_time_ms": 1000 * med, "perf/peak_mem_mb": peak_mem_mb(device)}
+                    window, losses, norms = [], [], []
+                if do_eval:
                     vl = evaluate_loss(fwd, val, device, autocast)
                     metrics.update({"val/loss": vl, "val/ppl": math.exp(min(vl, 50))})
                 due = tr.checkpoint_interval and step - last_ckpt >= tr.checkpoint_interval
