@@ -270,3 +270,6 @@ def make_batches(cfg: DataConfig):
     """The data object for a trial (see the module docstring)."""
     check_source(cfg)
     return SOURCES[cfg.source](cfg)
+
+
+from . import data_tasks  # noqa: E402,F401  (registers the synthetic task sources)
