@@ -190,12 +190,15 @@ def run_trial(cfg: TrialConfig, *, tracking: Tracking | None = None, resume: str
             "config": cfg.to_dict(), "vocab_size": mcfg.vocab_size})
         return str(ckpt_dir)
 
-    def emit(metrics: dict, ck: str | None = None) -> None:
+    def emit(metrics: dict, with_checkpoint: bool = False) -> str | None:
+        # the history goes into the checkpoint, so it is appended before the checkpoint is written
         history.append({"step": step, **metrics})
+        ck = checkpoint() if with_checkpoint else None
         if logger:
             logger.log_metrics(metrics, step, flush=ck is not None)
         if on_log:
             on_log(step, metrics, ck)
+        return ck
 
     status, window, losses, norms, last_ckpt = "finished", [], [], [], step
     try:
@@ -239,11 +242,10 @@ def run_trial(cfg: TrialConfig, *, tracking: Tracking | None = None, resume: str
                 if do_eval:
                     vl = evaluate_loss(fwd, val, device, autocast)
                     metrics.update({"val/loss": vl, "val/ppl": math.exp(min(vl, 50))})
-                due = tr.checkpoint_interval and step - last_ckpt >= tr.checkpoint_interval
-                ck = None
+                due = bool(tr.checkpoint_interval) and step - last_ckpt >= tr.checkpoint_interval
                 if due or step == stop_at:
-                    ck, last_ckpt = checkpoint(), step
-                emit(metrics, ck)
+                    last_ckpt = step
+                emit(metrics, with_checkpoint=due or step == stop_at)
             if stop_at is not None and step >= stop_at and step < tr.steps:
                 if logger:
                     logger.flush()
@@ -263,9 +265,7 @@ def run_trial(cfg: TrialConfig, *, tracking: Tracking | None = None, resume: str
 
                 analysis = analyze_model(model, data, sequences=tr.analyze_sequences, seq_len=tr.seq_len)
                 final.update(analysis.metrics)
-        ck = checkpoint()
-        if final:
-            emit(final, ck)
+        ck = emit(final, with_checkpoint=True) if final else checkpoint()
         if logger:
             _log_artifacts(logger, cfg, mcfg, model)
             logger.end(status)
