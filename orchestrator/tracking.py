@@ -100,6 +100,8 @@ class RunLogger:
                  tags: dict[str, Any] | None = None, parent_run_id: str | None = None, uri: str | None = None):
         self.client = client(uri)
         self.uri = uri or tracking_uri()
+        self._resumed = run_id is not None
+        self._logged: dict[str, int] = {}  # continued run: the last step already stored, per key
         if run_id is not None:
             self.run_id = run_id
             self.client.update_run(run_id, status="RUNNING")
@@ -127,9 +129,17 @@ class RunLogger:
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
+        if self._resumed:  # a re-attempt recomputes steps an earlier attempt may have sent: never twice
+            metrics = {k: v for k, v in metrics.items() if step > self._last_logged_step(k)}
         self._pending.extend(Metric(k, float(v), ts, step) for k, v in metrics.items())
         if flush or len(self._pending) >= 200:
             self.flush()
+
+    def _last_logged_step(self, key: str) -> int:
+        if key not in self._logged:
+            hist = self.client.get_metric_history(self.run_id, key)
+            self._logged[key] = max((m.step for m in hist), default=-1)
+        return self._logged[key]
 
     def flush(self) -> None:
         while self._pending:

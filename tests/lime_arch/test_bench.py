@@ -1,0 +1,185 @@
+"""The fast routing paths against the paper's concatenation, and the benchmark in reduced form.
+
+Every registered router (``lime_arch.ROUTERS``, so new routers are covered), MHA, GQA and one KV
+head, several layer-block sizes of the buffer mixer (including none and one per layer), with
+autograd and without (the blocked path and the few-token path). No test asserts a speed."""
+import csv
+
+import pytest
+import torch
+
+from lime_arch import ROUTERS, build_model, preset
+from lime_arch import kvbuffer
+from lime_arch.bench import QUICK_SHAPES, ROUTERS as BENCH_ROUTERS, PEER, run_bench
+from lime_arch.bench_mem import routing_traffic
+from lime_arch.kvbuffer import make_mixer
+from lime_arch.routers import build_router
+
+L, HD, B, T = 9, 4, 2, 3
+SPECS = [f"{n}-{a}" if c.takes_arg else n for n, c in ROUTERS.items() for a in ((2, 4) if c.takes_arg else (None,))]
+BLOCKS = [None, 1, 2, 3, L]
+
+
+@pytest.fixture(autouse=True)
+def _f64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def _raw(R, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(B, T, R, HD, generator=g, requires_grad=True),
+             torch.randn(B, T, R, HD, generator=g, requires_grad=True)) for _ in range(L)]
+
+
+def _run(router, impl, raw, weights, block=None, layers=None):
+    """Route all layers; loss = sum of <routed, weight> over ``layers``; gradients of everything."""
+    m = make_mixer(router, impl, block=block) if impl == "buffer" else make_mixer(router, impl)
+    outs = [m.route(l, k, v) for l, (k, v) in enumerate(raw)]
+    layers = range(L) if layers is None else layers
+    loss = sum((outs[l][0] * weights[l][0]).sum() + (outs[l][1] * weights[l][1]).sum() for l in layers)
+    params = list(router.parameters()) + [t for kv in raw for t in kv]
+    grads = torch.autograd.grad(loss, params, allow_unused=True)
+    zero = [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+    return [o.detach() for kv in outs for o in kv], zero
+
+
+def _weights(R, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(B, R, T, HD, generator=g), torch.randn(B, R, T, HD, generator=g)) for _ in range(L)]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("R", [4, 2, 1])
+def test_buffer_matches_concat_forward_and_gradients(spec, R):
+    router = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
+    raw, w = _raw(R), _weights(R)
+    ref_out, ref_grads = _run(router, "concat", raw, w)
+    for block in BLOCKS:
+        out, grads = _run(router, "buffer", raw, w, block=block)
+        for a, b in zip(out, ref_out):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"{spec} block={block}")
+        for a, b in zip(grads, ref_grads):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=f"{spec} block={block}")
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_partial_loss_gradients_match(spec):
+    """Only some layers' outputs reach the loss: the others' gradient rows stay exactly zero."""
+    R = 2
+    router = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
+    raw, w = _raw(R, 3), _weights(R, 4)
+    for layers in ([L - 1], [2, 5], [0]):
+        _, ref = _run(router, "concat", raw, w, layers=layers)
+        for block in (None, 2, 3):
+            _, got = _run(router, "buffer", raw, w, block=block, layers=layers)
+            for a, b in zip(got, ref):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=f"{spec} {layers} block={block}")
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("small", [True, False])
+def test_no_grad_paths_match(spec, small, monkeypatch):
+    """Without autograd: the few-token list path and the blocked buffer path."""
+    monkeypatch.setattr(kvbuffer, "SMALL_N", 10**9 if small else 0)
+    R = 2
+    router = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
+    raw = _raw(R, 5)
+    with torch.no_grad():
+        ref = [make_mixer(router, "concat").route(0, *raw[0])]
+        cm = make_mixer(router, "concat")
+        ref = [cm.route(l, k, v) for l, (k, v) in enumerate(raw)]
+        for block in BLOCKS:
+            bm = make_mixer(router, block=block)
+            got = [bm.route(l, k, v) for l, (k, v) in enumerate(raw)]
+            for (a, b), (c, d) in zip(got, ref):
+                torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
+                torch.testing.assert_close(b, d, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("kv", [4, 2])
+def test_model_buffer_equals_concat(spec, kv):
+    """Whole decoder, 9 layers (so the automatic block size blocks), forward and all gradients."""
+    cfg = preset("tiny", router=spec, n_kv_heads=kv, n_layers=L)
+    m1 = build_model(cfg).double()
+    m2 = build_model(cfg.replace(routing_impl="concat")).double()
+    m2.load_state_dict(m1.state_dict())
+    idx = torch.randint(0, 256, (2, 7))
+    o1, o2 = m1(idx), m2(idx)
+    torch.testing.assert_close(o1, o2, rtol=1e-9, atol=1e-9)
+    o1.pow(2).sum().backward()
+    o2.pow(2).sum().backward()
+    for (n, p1), (_, p2) in zip(m1.named_parameters(), m2.named_parameters()):
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-8, atol=1e-10, msg=n)
+
+
+def test_pooled_buffers_never_alias_results():
+    """Buffers are reused across passes: earlier outputs and gradients must not change, and two
+    graphs alive at once (forward A, forward B, backward B, backward A) must not share them."""
+    R = 2
+    router = build_router("full", n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
+    raw1, raw2, w = _raw(R, 7), _raw(R, 8), _weights(R, 9)
+    out1, g1 = _run(router, "buffer", raw1, w, block=3)
+    keep = [t.clone() for t in out1 + g1]
+    _run(router, "buffer", raw2, w, block=3)
+    for a, b in zip(out1 + g1, keep):
+        assert torch.equal(a, b)
+    _, ref1 = _run(router, "concat", raw1, w)
+    _, ref2 = _run(router, "concat", raw2, w)
+    ma, mb = make_mixer(router, block=3), make_mixer(router, block=3)
+    oa = [ma.route(l, k, v) for l, (k, v) in enumerate(raw1)]
+    ob = [mb.route(l, k, v) for l, (k, v) in enumerate(raw2)]
+    params = lambda raw: list(router.parameters()) + [t for kv in raw for t in kv]  # noqa: E731
+    loss = lambda outs: sum((o[0] * x[0]).sum() + (o[1] * x[1]).sum() for o, x in zip(outs, w))  # noqa: E731
+    gb = torch.autograd.grad(loss(ob), params(raw2))
+    ga = torch.autograd.grad(loss(oa), params(raw1))
+    for got, ref in ((ga, ref1), (gb, ref2)):
+        for a, b in zip(got, ref):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def test_block_choice_and_traffic():
+    for spec in ("full", "first-4", "last-4", "dilated-8", "no-head-mix", "per-dim"):
+        r = build_router(spec, n_layers=64, n_kv_heads=8, head_dim=32)
+        lay = kvbuffer._Layout(r)
+        plan = kvbuffer._plan(r, lay, None)
+        assert 1 <= plan.block <= 64 and (plan.block * lay.mo <= kvbuffer.MAX_BLOCK_ROWS or plan.block == 64)
+    full = build_router("full", n_layers=64, n_kv_heads=8, head_dim=32)
+    assert 1 < kvbuffer._plan(full, kvbuffer._Layout(full), None).block < 64  # blocked: about sqrt(L)
+    cfg = preset("deep32", n_layers=16, vocab_size=512, max_seq_len=64)
+    assert routing_traffic(cfg.replace(router="none"), 2, 64) == 0
+    assert routing_traffic(cfg.replace(router="full"), 2, 64) > routing_traffic(cfg.replace(router="last-4"), 2, 64) > 0
+    assert routing_traffic(cfg.replace(router="full", routing_impl="concat"), 2, 64) is None
+
+
+def test_quick_bench_end_to_end(tmp_path):
+    torch.set_default_dtype(torch.float32)
+    out = run_bench(out_dir=tmp_path, quick=True)
+    paths = out["paths"]
+    assert {p.rsplit("/", 1)[-1] for p in paths} == {"bench.md", "bench.csv", "decode.csv"}
+    with open(tmp_path / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    want = {(r.split("/")[0], "concat" if r == PEER else "buffer", s.name)
+            for r in ("none", *BENCH_ROUTERS, PEER) for s in QUICK_SHAPES}
+    assert {(r["router"], r["impl"], r["shape"]) for r in rows} == want
+    for r in rows:
+        assert float(r["step_ms"]) > 0 and float(r["ratio"]) > 0 and float(r["peak_mb"]) > 0
+        assert int(r["flops_per_token"]) > 0 and 0 < float(r["mem_ratio"]) < 10
+        assert float(r["flop_overhead_pct"]) >= 0
+        if r["router"] == "none":
+            assert float(r["ratio"]) == 1.0 and r["verdict"] == "baseline"
+        elif r["impl"] == "buffer":
+            assert r["verdict"].startswith(("pass", "fail")) and float(r["target_pct"]) >= 1.0
+    with open(tmp_path / "decode.csv") as f:
+        dec = list(csv.DictReader(f))
+    assert {(d["router"], d["batch"]) for d in dec} == {(r, b) for r in ("none", "full", "first-4") for b in ("1", "8")}
+    for d in dec:
+        assert float(d["tok_s"]) > 0
+        base = next(x for x in dec if x["router"] == "none" and x["batch"] == d["batch"])
+        assert d["kv_bytes"] == base["kv_bytes"]
+    md = (tmp_path / "bench.md").read_text()
+    for needle in ("torch", "threads", "cpu", "Table 17", "Decode", "checks pass"):
+        assert needle in md
+    assert len(out["rows"]) == len(rows) and out["checks"]
