@@ -66,7 +66,7 @@ from .routers import Router
 
 Tensor = torch.Tensor
 
-MAX_BLOCK_ROWS = 64  # m * Mo: output rows of a block product; beyond this the speed-up saturates
+MAX_BLOCK_ROWS = 128  # m * Mo: output rows of a block product; beyond this the speed-up saturates
 SMALL_N = 4096  # below this many columns (D * N) no-grad routing takes the few-ops list path
 
 
@@ -155,7 +155,8 @@ def _traffic(sources: list[list[int]], m: int) -> float:
             if pre:
                 U.update(pre)
                 nmem += 1
-            cost += 3 * (len(sources[l]) - len(pre))  # in-block: read in forward, dW, slot gradient
+            # in-block: read in forward, dW, slot gradient; slots just written, cache-hot: cheaper
+            cost += 1.5 * (len(sources[l]) - len(pre))
         if nmem:
             cost += 4 * (len(U) + nmem) + 2  # P: read U, write P; backward: dW_pre and grad[U] += ...
     return cost
@@ -258,8 +259,8 @@ class _Layout:
         """The router's weight of a layer as (D, Mo, |S|*rs) (views, used inside autograd functions)."""
         if self.kind == "linear":
             return w.unsqueeze(0)  # (1, R, |S|R)
-        if self.kind == "perdim":
-            return w.permute(2, 0, 1)  # (Hd, R, |S|R)
+        if self.kind == "perdim":  # (Hd, R, |S|R), made contiguous: bmm needs a unit stride per matrix
+            return w.permute(2, 0, 1).contiguous()
         R = self.R  # diag: the block-diagonal (R, |S|R) -> its diagonals, (R, 1, |S|)
         return w.view(R, -1, R).diagonal(0, 0, 2).t().unsqueeze(1)
 
@@ -302,9 +303,8 @@ class _BufferState:
     def release(self) -> None:
         """Hand the buffers back to the pool: after the last backward (``_Write0``) or when the
         state dies. No view of them escapes (routed K/V and slot gradients are fresh tensors)."""
-        for b in (self.bufb, self.gradb, *self.G.values(), *self.Win.values()):
-            _POOL.put(b)
-        self.bufb = self.gradb = self.buf = None
+        _POOL.put(self.bufb)  # gradient-side tensors are not pooled: they would sit in memory
+        self.bufb = self.gradb = self.buf = None  # between steps and raise the next step's peak
         self.G, self.Win = {}, {}
 
     def __del__(self):
@@ -397,7 +397,7 @@ class _BufferState:
         if wb is None:
             blk = plan.blocks[b]
             nl = blk.l1 - blk.l0
-            wb = self.Win[b] = _POOL.get((self.D, nl * mo, nl * self.rs), self.buf, zero=True)
+            wb = self.Win[b] = _Buf(self.buf.new_zeros(self.D, nl * mo, nl * self.rs))
         l0 = plan.blocks[b].l0
         key = ("w", mo, l - l0, l0 * self.rs, *plan.in_runs[l])  # the geometry: pooled tensors are shared
         dsts = wb.memo.get(key)
@@ -419,7 +419,7 @@ class _BufferState:
         blk = plan.blocks[b]
         gb = self.G.get(b)
         if gb is None:
-            gb = self.G[b] = _POOL.get((self.D, (blk.l1 - blk.l0) * mo, self.N), self.buf, zero=True)
+            gb = self.G[b] = _Buf(self.buf.new_zeros(self.D, (blk.l1 - blk.l0) * mo, self.N))
         i = l - blk.l0
         key = ("g", self.lay.kind, self.R, i, self.B, self.T)
         m = gb.memo.get(key)
@@ -503,7 +503,7 @@ class _BufferState:
                     g_in = pre.new_zeros(D, mo, (len(self.plan.sources[m]) - n) * rs)
                 w_grads[i] = self.lay.grad_w(torch.cat((pre, g_in), dim=2), self.w_dtype)
         if self.gradb is None:
-            self.gradb = _POOL.get(self.buf.shape, self.buf, zero=True)
+            self.gradb = _Buf(torch.zeros_like(self.buf))
         grad = self.gradb
         if blk.u_index is None and D == 1:
             _, _, r0, r1 = blk.u_runs[0]
@@ -519,8 +519,8 @@ class _BufferState:
 
     def end_block(self, b: int) -> None:
         """Every slot of block b has its gradient and its prefix is done: free G_b and W_in."""
-        _POOL.put(self.G.pop(b, None))
-        _POOL.put(self.Win.pop(b, None))
+        self.G.pop(b, None)
+        self.Win.pop(b, None)
 
 
 class _Write0(Function):
