@@ -169,26 +169,44 @@ class _SharedBody:
             self.state = {p: self.opts[label].state[p] for p in self.body}
 
 
-def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, seq=SEQ, warmup=2) -> dict:
-    """Per label: CPU/wall step times of interleaved repetitions and the paired ratios to none."""
+def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, seq=SEQ, warmup=2,
+               hwm: bool = False) -> dict:
+    """Per label: CPU/wall step times of interleaved repetitions and the paired ratios to none.
+    ``hwm``: also the resident high-water mark of the last timed step, in this process (the quick
+    run's cheap stand-in for the per-case subprocess)."""
     clock, _ = _clock(device, threads)
     sb = _SharedBody(shape, list(labels), device, amp, batch, seq)
     times = {lab: [] for lab in labels}
     walls = {lab: [] for lab in labels}
+    peaks = {}
     for _ in range(warmup):
         for lab in labels:
             sb.step(lab)
+    hwm = hwm and device.type == "cpu" and bench_mem._reset_hwm()
     for r in range(shape.reps):
         k = r % len(labels)
+        last = hwm and r == shape.reps - 1
         for lab in list(labels[k:]) + list(labels[:k]):
+            if last:
+                bench_mem._reset_hwm()
+                before = bench_mem._read_status()["VmRSS"]
             w0, t0 = time.perf_counter(), clock()
             sb.step(lab)
             times[lab].append(clock() - t0)
             walls[lab].append(time.perf_counter() - w0)
+            if last:
+                peak = bench_mem._read_status()["VmHWM"]
+                peaks[lab] = {"peak_mb": peak / 2**20, "step_mb": (peak - before) / 2**20,
+                              "method": "VmHWM of one step in the benchmark process (quick run)"}
     base = times["none"]
-    return {lab: {"step_ms": 1e3 * statistics.median(t), "wall_ms": 1e3 * statistics.median(walls[lab]),
-                  "ratio": statistics.median(a / b for a, b in zip(t, base)), "reps": len(t)}
-            for lab, t in times.items()}
+    out = {}
+    for lab, t in times.items():
+        r = sorted(a / b for a, b in zip(t, base))
+        out[lab] = {"step_ms": 1e3 * statistics.median(t), "wall_ms": 1e3 * statistics.median(walls[lab]),
+                    "ratio": statistics.median(r), "ratio_q25": r[(len(r) - 1) // 4],
+                    "ratio_q75": r[(3 * (len(r) - 1) + 3) // 4], "ratio_min": min(t) / min(base),
+                    "reps": len(t), "_peak": peaks.get(lab)}
+    return out
 
 
 def time_decode(shape: Shape, device, amp, reps: int, prompt: int, new: int) -> list[dict]:
@@ -255,34 +273,48 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     load0 = os.getloadavg()
     bw = bench_mem.measure_bandwidth(32 if quick else 256)
     rows = []
+    first_case = {"cfg": bench_cfg(shapes[0], "none", dev, seq).to_dict(), "batch": batch, "seq": seq,
+                  "threads": threads, "device": dev.type, "amp": amp}
+    sub = bench_mem.start_subprocess(first_case) if memory and quick else None  # overlaps the timing
     for sh in shapes:
         if quick:
             sh = Shape(sh.name, sh.n_layers, sh.n_kv_heads, 1)
-        timed = time_shape(sh, labels, dev, threads, amp, batch, seq, warmup=1 if quick else 2)
+        timed = time_shape(sh, labels, dev, threads, amp, batch, seq, warmup=1 if quick else 2,
+                           hwm=quick and memory)
         base_ms = timed["none"]["step_ms"]
+        # streaming bandwidth at the working set of the routing (the K/V buffer): L3 for small shapes
+        c0 = bench_cfg(sh, "none", dev, seq)
+        ws_mb = 2 * batch * seq * c0.kv_heads * c0.head_dim * 4 * c0.n_layers / 2**20
+        bw_ws = bench_mem.measure_bandwidth(max(1, round(ws_mb)), reps=5 if quick else 20)
         for lab in labels:
             cfg = bench_cfg(sh, lab, dev, seq)
             fl = flops_per_token(cfg, seq)
             traffic = bench_mem.routing_traffic(cfg, batch, seq, 2 if amp else 4)
-            floor_ms = None if traffic is None else 1e3 * traffic / (bw * 1e9)
+            floor_ms = None if traffic is None else 1e3 * traffic / (bw_ws * 1e9)
             rows.append({"router": lab.split("/")[0], "impl": "concat" if lab == PEER else "buffer",
                          "label": lab, "shape": sh.name, "n_layers": sh.n_layers, "kv_heads": sh.n_kv_heads,
                          **timed[lab], "overhead_pct": 100 * (timed[lab]["ratio"] - 1),
                          "flop_overhead_pct": 100 * routing_overhead(cfg, seq), "flops_per_token": fl["total"],
-                         "routing_mb": None if traffic is None else traffic / 2**20,
+                         "routing_mb": None if traffic is None else traffic / 2**20, "bw_gbs": bw_ws,
                          "bw_floor_pct": None if floor_ms is None else 100 * floor_ms / base_ms, "cfg": cfg})
     if memory:
-        first = True
-        for row in rows:
-            case = {"cfg": row["cfg"].to_dict(), "batch": batch, "seq": seq, "threads": threads,
-                    "device": dev.type, "amp": amp}
-            sub = not quick or first
-            m = bench_mem.measure_subprocess(case) if sub else bench_mem.measure_in_process(case)
-            first = False
-            row.update(peak_mb=m["peak_mb"], step_mb=m["step_mb"], mem_method=m["method"])
+        if quick:  # in-process high-water marks; the subprocess path once, for the first none
+            mems = [r.pop("_peak") or bench_mem.measure_in_process(
+                {"cfg": r["cfg"].to_dict(), "batch": batch, "seq": seq, "threads": threads, "device": dev.type})
+                for r in rows]
+            for r, m in zip(rows, mems):
+                r.update(peak_mb=m["peak_mb"], step_mb=m["step_mb"], mem_method=m["method"])
+            rows[0]["subprocess_peak_mb"] = bench_mem.finish_subprocess(sub)["peak_mb"]
+        else:
+            cases = [{"cfg": r["cfg"].to_dict(), "batch": batch, "seq": seq, "threads": threads,
+                      "device": dev.type, "amp": amp} for r in rows]
+            for r, m in zip(rows, bench_mem.measure_many(cases, workers=1 if dev.type == "cuda" else 2)):
+                r.update(peak_mb=m["peak_mb"], step_mb=m["step_mb"], mem_method=m["method"])
         for row in rows:
             base = next(r for r in rows if r["shape"] == row["shape"] and r["label"] == "none")
             row["mem_ratio"] = row["peak_mb"] / base["peak_mb"]
+    for row in rows:
+        row.pop("_peak", None)
     dec = []
     if decode:
         sh = shapes[0]

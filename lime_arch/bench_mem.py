@@ -83,19 +83,43 @@ def measure_in_process(case: dict) -> dict:
             "method": f"VmHWM after clear_refs, MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'default')}"}
 
 
+def start_subprocess(case: dict) -> subprocess.Popen:
+    """Start ``measure_in_process(case)`` in a fresh interpreter with the mmap threshold set."""
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS=str(case.get("threads", 1)))
+    return subprocess.Popen([sys.executable, "-m", "lime_arch.bench_mem", json.dumps(case)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish_subprocess(proc: subprocess.Popen, timeout: float = 900.0) -> dict:
+    out, err = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory worker failed ({proc.returncode}): {err[-2000:]}")
+    return json.loads(out.strip().splitlines()[-1])
+
+
 def measure_subprocess(case: dict, timeout: float = 900.0) -> dict:
     """``measure_in_process`` in a fresh interpreter with the mmap threshold set."""
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS=str(case.get("threads", 1)))
-    proc = subprocess.run([sys.executable, "-m", "lime_arch.bench_mem", json.dumps(case)], env=env,
-                          capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"memory worker failed ({proc.returncode}): {proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return finish_subprocess(start_subprocess(case), timeout)
+
+
+def measure_many(cases: list[dict], workers: int = 2) -> list[dict]:
+    """One fresh subprocess per case, ``workers`` at a time (each reads its own high-water mark)."""
+    results: list[dict | None] = [None] * len(cases)
+    running: list[tuple[int, subprocess.Popen]] = []
+    for i, case in enumerate(cases):
+        if len(running) >= workers:
+            j, proc = running.pop(0)
+            results[j] = finish_subprocess(proc)
+        running.append((i, start_subprocess(case)))
+    for j, proc in running:
+        results[j] = finish_subprocess(proc)
+    return results  # type: ignore[return-value]
 
 
 # -- bandwidth and traffic ----------------------------------------------------------------------
 def measure_bandwidth(mb: int = 128, reps: int = 5) -> float:
-    """Streaming bandwidth in GB/s (bytes read + written per second) of a large tensor copy."""
+    """Streaming bandwidth in GB/s (bytes read + written per second) of a ``mb`` MB tensor copy
+    (best of ``reps``): DRAM for large sizes, cache for small ones."""
     n = mb * 2**20 // 4
     a = torch.ones(n)
     b = torch.empty_like(a)

@@ -4,9 +4,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-CSV_FIELDS = ["router", "impl", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio", "overhead_pct",
-              "flop_overhead_pct", "target_pct", "verdict", "peak_mb", "mem_ratio", "step_mb", "flops_per_token",
-              "routing_mb", "bw_floor_pct", "reps"]
+CSV_FIELDS = ["router", "impl", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio", "ratio_q25",
+              "ratio_q75", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict", "peak_mb",
+              "mem_ratio", "step_mb", "flops_per_token", "routing_mb", "bw_gbs", "bw_floor_pct", "reps"]
 DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "kv_bytes"]
 
 
@@ -81,7 +81,8 @@ def _markdown(rows, dec, chk, info) -> str:
     L += ["| machine | |", "|---|---|"]
     for k in ("platform", "cpu", "cpu_count", "gpu", "torch", "threads", "device", "dtype", "clock"):
         L.append(f"| {k} | {info[k]} |")
-    L.append(f"| memory bandwidth (copy, read+write) | {info['bandwidth_gbs']:.1f} GB/s |")
+    L.append(f"| memory bandwidth (256 MB copy, read+write) | {info['bandwidth_gbs']:.1f} GB/s |")
+    L.append(f"| glibc malloc kept steady (mallopt) | {info.get('steady_malloc')} |")
     L.append(f"| load average at start / end | {', '.join(f'{x:.1f}' for x in info['load_start'])} / "
              f"{', '.join(f'{x:.1f}' for x in info['load_end'])} |")
     L.append(f"| batch x sequence, vocab | {info['batch']} x {info['seq']}, {info['vocab']} |")
@@ -91,24 +92,28 @@ def _markdown(rows, dec, chk, info) -> str:
           f"measured with the {info['clock']} clock; `step ms` and `wall ms` are medians. `FLOP %` is "
           f"`routing_overhead` (forward routing FLOPs over the baseline's, seq {info['seq']}); target = 1.5 x FLOP % + 1. "
           "`peak MB`: peak resident memory of one step after a warm-up step, fresh subprocess per case "
-          "(see `lime_arch/bench_mem.py`). `routing MB` is the traffic of the routing's products and copies per "
-          "step; `bw floor %` the time that traffic takes at the measured bandwidth, as a share of `none`'s step.",
+          "(see `lime_arch/bench_mem.py`). `ratio IQR`: quartiles of the per-round ratios (the noise of this "
+          "machine); `ratio (min)`: fastest variant step / fastest none step. `routing MB` is the traffic of the "
+          "routing's products and copies per step; `bw floor %` the time that traffic takes at the streaming "
+          "bandwidth measured at the size of the K/V buffer (L3 for small shapes), as a share of `none`'s step. "
+          "Optimizer: AdamW with lime_arch's parameter groups, fused kernel.",
           "", "## Training step (like the paper's Table 17)", "",
-          "| router | shape | impl | step ms | wall ms | ratio | overhead % | FLOP % | target % | verdict | "
-          "peak MB | mem ratio | routing MB | bw floor % |",
-          "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+          "| router | shape | impl | step ms | wall ms | ratio | ratio IQR | ratio (min) | overhead % | FLOP % | "
+          "target % | verdict | peak MB | mem ratio | routing MB | bw floor % |",
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         L.append(f"| {r['router']} | {r['shape']} | {r['impl']} | {r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
-                 f"{r['ratio']:.3f} | {r['overhead_pct']:+.1f} | {r['flop_overhead_pct']:.2f} | "
+                 f"{r['ratio']:.3f} | {r['ratio_q25']:.3f}-{r['ratio_q75']:.3f} | {r['ratio_min']:.3f} | "
+                 f"{r['overhead_pct']:+.1f} | {r['flop_overhead_pct']:.2f} | "
                  f"{_f(r.get('target_pct'))} | {r['verdict']} | {_f(r.get('peak_mb'), '{:.0f}')} | "
                  f"{_f(r.get('mem_ratio'), '{:.3f}')} | {_f(r.get('routing_mb'), '{:.0f}')} | "
                  f"{_f(r.get('bw_floor_pct'))} |")
     bound = [r for r in rows if r.get("verdict") == "fail: bandwidth-bound"]
     if bound:
-        L += ["", "Bandwidth-bound rows (the routing's traffic alone, at the measured "
-              f"{info['bandwidth_gbs']:.1f} GB/s, exceeds the FLOP-based target):", ""]
+        L += ["", "Bandwidth-bound rows (the routing's traffic alone, at the streaming bandwidth measured at "
+              "the buffer's size, exceeds the FLOP-based target):", ""]
         for r in bound:
-            L.append(f"- {r['router']} @ {r['shape']}: {r['routing_mb']:.0f} MB/step -> "
+            L.append(f"- {r['router']} @ {r['shape']}: {r['routing_mb']:.0f} MB/step at {r['bw_gbs']:.1f} GB/s -> "
                      f"{r['bw_floor_pct']:.1f}% of none's {r['step_ms']/r['ratio']:.0f} ms step "
                      f"> target {r['target_pct']:.1f}% (measured {r['overhead_pct']:+.1f}%).")
     L += ["", "## Checks against the targets", "", "| check | value | target | ok | note |", "|---|---:|---:|---|---|"]

@@ -14,40 +14,46 @@ Design of ``BufferMixer`` (learned routers; why it is fast and lean):
             rs = 1, N = 2*B*T*Hd, so the product does R*|S| MACs per column, not the R*|S|*R of
             the dense block-diagonal matrix.
   Routing layer l is ``W_l (D, Mo, |S_l|*rs) @ buf[source rows]`` (Mo = R, or 1 for diag) on
-  views of the buffer: no concatenation, memory O(L), not O(L^2). The buffer (and the gradient
-  buffer) come from a small pool on CPU (``_Pool``), since a fresh multi-MB tensor per step costs
-  page faults on first touch.
-- Blocking over layers. A product with only Mo output rows streams the whole buffer prefix once
-  per layer and runs far below matmul speed (on the dev CPU ~8 GFLOP/s at 8 rows vs 35-50 at
-  64). Layers are grouped in blocks of ``m``; when layer l0 starts block b every slot below l0 is
-  written, so ``_Prefix`` computes ``P_b = W_pre @ buf[U_b]`` once: the contribution of the old
-  slots U_b (the union of the block's sources below l0) to every layer of the block (m*Mo rows).
-  Each layer then adds only its in-block sources (``_Route``). ``_choose_block`` picks m from a
-  traffic model of the router's source sets (about sqrt(L) for full; no blocking, m = L, for
-  last-j), with m*Mo <= 64.
-- Autograd. Writing into a tensor in place breaks autograd's saved-tensor checks, so custom
-  autograd functions do the bookkeeping, ordered by scalar *tokens*: ``_Write_l`` copies K/V
-  into slot l and returns a token that ``_Write_{l+1}`` consumes (a chain); ``_Prefix_b``
-  consumes l0's token; ``_Route_l`` consumes layer l's and its block's token. Backward:
-    * ``_Route_l`` stores its output gradient g_l in its rows of the block's grad-out buffer G_b
-      and computes dW for its in-block columns (g_l @ buf[in-block rows]^T). It does not touch
-      the gradient of the K/V buffer at all.
-    * ``_Prefix_b`` runs after every ``_Route`` of its block (their block token) and does the
-      old-slot part with two products of m*Mo rows: dW_pre = G_b @ buf[U_b]^T and
-      grad[U_b] += W_pre^T G_b (the only read-modify-write of the K/V gradient buffer, once per
-      block).
-    * ``_Write_s`` runs only after everything that reads slot s (it all hangs off the token chain
-      above s). It computes slot s's gradient once, with one product over the G_b rows of its
-      in-block readers: grad_s = grad[s] + W_in(s)^T @ G_b[readers], and hands that fresh tensor
-      out; at s == l0 the block's G_b is freed, at s == 0 the buffers go back to the pool.
+  views of the buffer: no concatenation, memory O(L), not O(L^2). On CPU the buffer comes from
+  a small pool (``_Pool``): a fresh multi-MB tensor per step costs page faults on first touch.
+  Gradient-side tensors are not pooled (they would sit in memory between steps and raise the
+  next step's peak).
+- Blocking over layers. A product with only Mo output rows streams the buffer prefix once per
+  layer and runs far below matmul speed (on the dev CPU ~8 GFLOP/s at 8 rows vs 35-50 at 64+).
+  Layers are grouped in blocks of ``m``. When layer l0 starts block b every slot below l0 is
+  written, so that layer also computes ``P_b = W_pre @ buf[U_b]`` once: the contribution of the
+  old slots U_b (the union of the block's sources below l0) to every member of the block (the
+  layers with such sources), m*Mo rows in one product. Each layer then adds only its in-block
+  sources. ``_choose_block`` picks m from a traffic model of the router's source sets (16 for
+  full at 64-128 layers, 8 at 16; no blocking, m = L, for last-j), with m*Mo <= 128.
+- Autograd: one custom function per layer. Writing into a tensor in place breaks autograd's
+  saved-tensor checks, so ``_Layer`` (layers >= 1) and ``_Write0`` (layer 0, which reads its
+  K/V unrouted) do the bookkeeping themselves. Layer l's function consumes layer l-1's routed K
+  (the *link*), so in backward layer l runs only after every later layer. A router weight enters
+  exactly one function as it is (no autograd op in between); the first layer of a block also
+  takes the other members' weights. Backward of layer l:
+    * store g_l (its output gradient) into its rows of the block's grad-out buffer G_b, and
+      dW of its in-block columns, g_l @ buf[in-block rows]^T;
+    * at a block's first layer (every later layer of the block is done): the old-slot part with
+      two products of m*Mo rows, dW_pre = G_b @ buf[U_b]^T and grad[U_b] += W_pre^T G_b (the only
+      read-modify-write of the K/V gradient buffer, once per block), and the members' whole dW;
+    * slot l's gradient, computed once: every reader of slot l is done, so
+      grad_l = grad[l] + W_in(l)^T @ G_b[readers of l], one product over the stacked in-block
+      weights ``W_in`` of the block (filled in forward), handed out as a fresh tensor.
   G_b starts at zero, so a layer whose output got no gradient contributes nothing (a partial
-  forward stays exact).
+  forward stays exact). G_b and W_in are dropped at the block's first layer; at layer 0 the
+  buffer goes back to the pool.
 - Memory over the baseline: one copy of the raw K/V, one block of routed K/V in flight, and
-  during backward the K/V gradient buffer (blocked routers only) and one or two G_b; the paper's
-  concatenation holds O(L^2).
+  during backward the K/V gradient buffer (blocked routers only) and G_b of one block; the
+  paper's concatenation holds O(L^2).
+- Python overhead matters at these sizes (a view op from Python costs microseconds, more with
+  cold caches inside a real step): per-layer K/V views of the pooled buffer are memoised on it,
+  router weights' (D, Mo, cols) views are memoised per parameter (``_Layout.views``), and K/V
+  views are made with ``as_strided``.
 - Per-dim: the product's output has Hd as its batch dimension, so routed K/V are copied once
   into (B, R, T, Hd) order with Hd contiguous (attention kernels need that; SDPA would otherwise
-  fall back to its slow math path).
+  fall back to its slow math path), and its weights are made contiguous per layer (bmm needs a
+  unit stride per matrix).
 - Without autograd (``no_grad``): the same products, without autograd functions. For a few
   tokens (decoding) each layer instead keeps [K|V] in a list and runs one product over the
   concatenated sources: the fewest ops, since there is no bandwidth to save.
@@ -254,6 +260,9 @@ class _Layout:
         self.R, self.Hd = R, router.head_dim
         self.rs = 1 if self.kind == "diag" else R
         self.mo = 1 if self.kind == "diag" else R
+        self.cache: dict[tuple, tuple] = {}  # (id(param), n_pre) -> (param, w3, old-slot cols, in-block cols)
+        # base-class weight(l) is the parameter itself: fetch it straight from the list
+        self.direct = type(router).weight is Router.weight and router.learned
 
     def w3(self, w: Tensor) -> Tensor:
         """The router's weight of a layer as (D, Mo, |S|*rs) (views, used inside autograd functions)."""
@@ -263,6 +272,22 @@ class _Layout:
             return w.permute(2, 0, 1).contiguous()
         R = self.R  # diag: the block-diagonal (R, |S|R) -> its diagonals, (R, 1, |S|)
         return w.view(R, -1, R).diagonal(0, 0, 2).t().unsqueeze(1)
+
+    def views(self, w: Tensor, n_pre: int) -> tuple[Tensor, Tensor]:
+        """(old-slot columns, in-block columns) of ``w3(w)``; memoised for a parameter used as it
+        is (valid while its storage is: ``.data`` replaced, e.g. by ``.double()``, recomputes)."""
+        key = (id(w), n_pre)
+        memo = self.kind != "perdim" and isinstance(w, torch.nn.Parameter)
+        c = self.cache.get(key) if memo else None
+        if c is not None and c[0] is w and c[1].data_ptr() == w.data_ptr() and c[1].dtype == w.dtype:
+            return c[2], c[3]
+        with torch.no_grad():
+            w3 = self.w3(w)
+            cut = n_pre * self.rs
+            out = (w3[:, :, :cut], w3[:, :, cut:] if n_pre else w3)
+        if memo:
+            self.cache[key] = (w, w3, *out)
+        return out
 
     def grad_w(self, g3: Tensor, dtype: torch.dtype) -> Tensor:
         """A (D, Mo, |S|*rs) gradient back in the router weight's shape."""
@@ -315,15 +340,17 @@ class _BufferState:
 
     # -- views ---------------------------------------------------------------------------------
     def _kv(self, t: Tensor, out_order: bool) -> tuple[Tensor, Tensor]:
-        """(D, rs|Mo, N) -> K, V views: (B, T, R, Hd) (buffer order) or (B, R, T, Hd) (routed order)."""
-        R, B, T, Hd = self.R, self.B, self.T, self.Hd
-        if self.perdim:
-            kv = t.view(Hd, R, 2, B, T).permute(2, 3, 1, 4, 0) if out_order else \
-                t.view(Hd, R, 2, B, T).permute(2, 3, 4, 1, 0)
-        else:
-            kv = t.view(R, 2, B, T, Hd).permute(1, 2, 0, 3, 4) if out_order else \
-                t.view(R, 2, B, T, Hd).permute(1, 2, 3, 0, 4)
-        return kv.unbind(0)
+        """(D, rs|Mo, N) -> K, V views: (B, T, R, Hd) (buffer order) or (B, R, T, Hd) (routed order),
+        as two ``as_strided`` views (one op each; view + permute + unbind would be three)."""
+        B, T, R, Hd = self.B, self.T, self.R, self.Hd
+        off = t.storage_offset()
+        if self.perdim:  # t: (Hd, R, 2BT)
+            sd, sr = t.stride(0), t.stride(1)
+            size, stride = ((B, R, T, Hd), (T, sr, 1, sd)) if out_order else ((B, T, R, Hd), (T, 1, sr, sd))
+            return t.as_strided(size, stride, off), t.as_strided(size, stride, off + B * T)
+        sr = t.stride(0) if self.lay.kind == "diag" else t.stride(1)  # head stride
+        size, stride = ((B, R, T, Hd), (T * Hd, sr, Hd, 1)) if out_order else ((B, T, R, Hd), (T * Hd, Hd, sr, 1))
+        return t.as_strided(size, stride, off), t.as_strided(size, stride, off + B * T * Hd)
 
     def write(self, l: int, k: Tensor, v: Tensor) -> None:
         views = self.kvw[l]
@@ -393,23 +420,18 @@ class _BufferState:
         """Put layer l's in-block weights into its block's W_in (for the slot gradients)."""
         plan, mo = self.plan, self.mo
         b = plan.block_of[l]
+        blk = plan.blocks[b]
         wb = self.Win.get(b)
         if wb is None:
-            blk = plan.blocks[b]
             nl = blk.l1 - blk.l0
             wb = self.Win[b] = _Buf(self.buf.new_zeros(self.D, nl * mo, nl * self.rs))
-        l0 = plan.blocks[b].l0
-        key = ("w", mo, l - l0, l0 * self.rs, *plan.in_runs[l])  # the geometry: pooled tensors are shared
-        dsts = wb.memo.get(key)
-        if dsts is None:
-            i, base = l - l0, l0 * self.rs
-            dsts = wb.memo[key] = [(wb.t[:, i * mo:(i + 1) * mo, r0 - base:r1 - base], c0, c1)
-                                   for c0, c1, r0, r1 in plan.in_runs[l]]
+        i, base = l - blk.l0, blk.l0 * self.rs
         if plan.in_one[l]:
-            dsts[0][0].copy_(w_in)
+            _, _, r0, r1 = plan.in_runs[l][0]
+            wb.t[:, i * mo:(i + 1) * mo, r0 - base:r1 - base] = w_in
         else:
-            for dst, c0, c1 in dsts:
-                dst.copy_(w_in[:, :, c0:c1])
+            for c0, c1, r0, r1 in plan.in_runs[l]:
+                wb.t[:, i * mo:(i + 1) * mo, r0 - base:r1 - base] = w_in[:, :, c0:c1]
 
     # -- backward ------------------------------------------------------------------------------
     def store_g(self, l: int, gk: Tensor | None, gv: Tensor | None) -> Tensor:
@@ -421,16 +443,14 @@ class _BufferState:
         if gb is None:
             gb = self.G[b] = _Buf(self.buf.new_zeros(self.D, (blk.l1 - blk.l0) * mo, self.N))
         i = l - blk.l0
-        key = ("g", self.lay.kind, self.R, i, self.B, self.T)
-        m = gb.memo.get(key)
-        if m is None:
-            rows = gb.rows(i * mo, (i + 1) * mo)
-            m = gb.memo[key] = (rows, self._kv(rows, True))
-        if gk is not None:
-            m[1][0].copy_(gk)
-        if gv is not None:
-            m[1][1].copy_(gv)
-        return m[0]
+        rows = gb.t[:, i * mo:(i + 1) * mo]
+        if gk is not None or gv is not None:
+            vk, vv = self._kv(rows, True)
+            if gk is not None:
+                vk.copy_(gk)
+            if gv is not None:
+                vv.copy_(gv)
+        return rows
 
     def dw_in(self, l: int, g: Tensor) -> Tensor:
         """dW of layer l's in-block columns: g_l @ buf[in-block rows]^T, (D, Mo, n_in*rs)."""
@@ -452,17 +472,14 @@ class _BufferState:
         plan, rs, mo = self.plan, self.rs, self.mo
         b = plan.block_of[s]
         gb = self.G.get(b)
-        out = self.gradb.rows(s * rs, (s + 1) * rs) if self.gradb is not None else None
+        out = self.gradb.t[:, s * rs:(s + 1) * rs] if self.gradb is not None else None
         fresh = False
         if gb is not None:
-            wb, l0 = self.Win[b], plan.blocks[b].l0
+            wt, gt, l0 = self.Win[b].t, gb.t, plan.blocks[b].l0
+            c = (s - l0) * rs
             for la, lb in plan.reader_runs[s]:
-                key = ("a", mo, rs, la - l0, lb - l0, s - l0)
-                a = wb.memo.get(key)
-                if a is None:
-                    c = (s - l0) * rs
-                    a = wb.memo[key] = wb.t[:, (la - l0) * mo:(lb - l0) * mo, c:c + rs].transpose(1, 2)
-                g = gb.rows((la - l0) * mo, (lb - l0) * mo)
+                a = wt[:, (la - l0) * mo:(lb - l0) * mo, c:c + rs].transpose(1, 2)
+                g = gt[:, (la - l0) * mo:(lb - l0) * mo]
                 if fresh:
                     out.baddbmm_(a, g)
                 else:
@@ -470,7 +487,7 @@ class _BufferState:
                     fresh = True
         if out is None:
             return None
-        if not fresh:  # a view of the pooled gradient buffer: copy
+        if not fresh:  # a view of the gradient buffer, which is reused: copy
             out = out.clone()
         return self._kv(out, False)
 
@@ -556,14 +573,12 @@ class _Layer(Function):
         state.write(l, k, v)
         b = plan.block_of[l]
         blk = plan.blocks[b]
+        lay = state.lay
         if l == blk.l0 and blk.members:
             w_of = dict(zip(plan.others[b], ws))
             w_of[l] = w
-            rs = state.rs
-            state.prefix_forward(b, [state.lay.w3(w_of[m])[:, :, :plan.n_pre[m] * rs] for m in blk.members])
-        n_pre = plan.n_pre[l]
-        w3 = state.lay.w3(w)
-        w_in = w3[:, :, n_pre * state.rs:] if n_pre else w3
+            state.prefix_forward(b, [lay.views(w_of[m], plan.n_pre[m])[0] for m in blk.members])
+        w_in = lay.views(w, plan.n_pre[l])[1]
         state.place_win(l, w_in)
         return state.split(state.route_forward(w_in, l))
 
@@ -624,7 +639,10 @@ class BufferMixer:
 
     def __init__(self, router: Router, block: int | None = None):
         self.router = router
-        self.lay = _Layout(router)
+        self.lay = router.__dict__.get("_lime_layout")
+        if self.lay is None:
+            self.lay = router.__dict__["_lime_layout"] = _Layout(router)
+        self.wlist: list[Tensor] | None = None
         self.plan = _plan(router, self.lay, block)
         self.state: _BufferState | None = None
         self.link: Tensor | None = None  # what the next layer's autograd function consumes
@@ -634,7 +652,8 @@ class BufferMixer:
     def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         router, plan = self.router, self.plan
         if l == 0:  # one decision per forward pass
-            ps = list(router.parameters())
+            self.wlist = list(router.weights) if self.lay.direct else None
+            ps = self.wlist if self.wlist is not None else list(router.parameters())
             self.mode = "grad" if torch.is_grad_enabled() and (
                 k.requires_grad or v.requires_grad or any(p.requires_grad for p in ps)) else "nograd"
             B, T, R, Hd = k.shape
@@ -650,37 +669,42 @@ class BufferMixer:
                 self.link = _Write0.apply(k, v, st)
                 return k.transpose(1, 2), v.transpose(1, 2)
             b = plan.block_of[l]
-            ws = [router.weight(m) for m in plan.others[b]] if l == plan.blocks[b].l0 else ()
-            kr, vr = _Layer.apply(k, v, router.weight(l), self.link, st, l, *ws)
+            ws = [self._weight(m) for m in plan.others[b]] if l == plan.blocks[b].l0 else ()
+            kr, vr = _Layer.apply(k, v, self._weight(l), self.link, st, l, *ws)
             self.link = kr  # the next layer's function consumes it: the backward chain
             return kr, vr
         st.write(l, k, v)
         if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)
-        b, lay, rs = plan.block_of[l], self.lay, self.lay.rs
+        b, lay = plan.block_of[l], self.lay
         blk = plan.blocks[b]
         if l == blk.l0 and blk.members:
-            st.prefix_forward(b, [lay.w3(router.weight(m))[:, :, :plan.n_pre[m] * rs] for m in blk.members])
-        n_pre = plan.n_pre[l]
-        w3 = lay.w3(router.weight(l))
-        return st.split(st.route_forward(w3[:, :, n_pre * rs:] if n_pre else w3, l))
+            st.prefix_forward(b, [lay.views(self._weight(m), plan.n_pre[m])[0] for m in blk.members])
+        return st.split(st.route_forward(lay.views(self._weight(l), plan.n_pre[l])[1], l))
+
+    def _weight(self, l: int) -> Tensor:
+        return self.wlist[l - 1] if self.wlist is not None else self.router.weight(l)
 
     def _route_small(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """No autograd, a few tokens (decoding): keep each layer's [K|V] in a list and run one
-        product over the concatenated sources; the fewest ops, since there is no bandwidth to save."""
-        Hd = k.shape[-1]
-        self.kvs.append(torch.cat((k, v), dim=-1))  # (B, T, R, 2Hd)
-        w = self.router.weight(l)
-        if w is None:
+        """No autograd, a few tokens (decoding): keep each layer's [K|V] as (R, B, T, 2Hd) in a
+        list and run one product over the concatenated sources; the fewest ops, since there is
+        no bandwidth to save."""
+        B, T, R, Hd = k.shape
+        self.kvs.append(torch.cat((k, v), dim=-1).permute(2, 0, 1, 3))  # (R, B, T, 2Hd) view
+        if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)
+        w = self._weight(l)
         src = self.plan.sources[l]
-        x = self.kvs[src[0]] if len(src) == 1 else torch.cat([self.kvs[s] for s in src], dim=2)
-        w = w.to(x.dtype)
+        x = torch.cat([self.kvs[s] for s in src], dim=0)  # (|S|R, B, T, 2Hd), contiguous
+        if w.dtype != x.dtype:
+            w = w.to(x.dtype)
         if w.dim() == 3:  # per-dim: (R, |S|R, Hd), the same weights for K and V
-            out = torch.einsum("hcd,btcd->bthd", torch.cat((w, w), dim=-1), x)
+            out = torch.einsum("hcd,cnd->hnd", torch.cat((w, w), dim=-1),
+                               x.view(len(src) * R, B * T, 2 * Hd)).contiguous()  # einsum may permute
         else:  # (R, |S|R); same-head routers are block-diagonal here, negligible at this size
-            out = torch.matmul(w, x)  # (B, T, R, 2Hd)
-        return out[..., :Hd].transpose(1, 2), out[..., Hd:].transpose(1, 2)
+            out = torch.mm(w, x.view(len(src) * R, -1))  # (R, B*T*2Hd)
+        size, stride = (B, R, T, Hd), (T * 2 * Hd, B * T * 2 * Hd, 2 * Hd, 1)
+        return out.as_strided(size, stride), out.as_strided(size, stride, Hd)
 
 
 class ConcatMixer:

@@ -183,3 +183,21 @@ def test_quick_bench_end_to_end(tmp_path):
     for needle in ("torch", "threads", "cpu", "Table 17", "Decode", "checks pass"):
         assert needle in md
     assert len(out["rows"]) == len(rows) and out["checks"]
+
+
+@pytest.mark.parametrize("spec", ["full", "no-head-mix", "per-dim"])
+def test_weight_updates_and_dtype_changes_are_seen(spec):
+    """Memoised weight views follow in-place updates (optimizer steps) and ``.data`` swaps."""
+    cfg = preset("tiny", router=spec, n_kv_heads=2, n_layers=L)
+    m1 = build_model(cfg).float()
+    idx = torch.randint(0, 256, (2, 5))
+    m1(idx).sum().backward()  # memoises float views
+    m1 = m1.double()  # replaces every parameter's .data
+    m2 = build_model(cfg.replace(routing_impl="concat")).double()
+    m2.load_state_dict(m1.state_dict())
+    torch.testing.assert_close(m1(idx), m2(idx), rtol=1e-9, atol=1e-9)
+    with torch.no_grad():
+        for p1, p2 in zip(m1.router.parameters(), m2.router.parameters()):
+            p1.add_(0.5)
+            p2.add_(0.5)
+    torch.testing.assert_close(m1(idx), m2(idx), rtol=1e-9, atol=1e-9)
