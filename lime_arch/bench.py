@@ -29,7 +29,7 @@ Method (documented in the output too):
 from __future__ import annotations
 
 import argparse
-import csv
+import math
 import os
 import platform
 import statistics
@@ -65,7 +65,7 @@ class Shape:
     reps: int
 
 
-SHAPES = (Shape("L16-MHA", 16, 8, 15), Shape("L16-GQA", 16, 2, 15), Shape("L64-MHA", 64, 8, 7),
+SHAPES = (Shape("L16-MHA", 16, 8, 20), Shape("L16-GQA", 16, 2, 20), Shape("L64-MHA", 64, 8, 10),
           Shape("L128-MHA", 128, 8, 5))
 QUICK_SHAPES = (Shape("L3-MHA", 3, 8, 1), Shape("L3-GQA", 3, 2, 1))
 
@@ -169,48 +169,83 @@ class _SharedBody:
             self.state = {p: self.opts[label].state[p] for p in self.body}
 
 
+def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
+    """Distribution-free confidence interval of the median: order statistics (j, k) with
+    P(j <= Binomial(n, 1/2) < k) >= level (the sign-test interval); the range when n is small."""
+    x, n = sorted(xs), len(xs)
+    cdf, acc = [], 0.0
+    for i in range(n + 1):
+        acc += math.comb(n, i) / 2 ** n
+        cdf.append(acc)
+    # P(X <= j) <= (1 - level) / 2 gives [x_(j+1), x_(n-j)] (1-based); too few samples: the range
+    j = max([i for i in range(n) if cdf[i] <= (1 - level) / 2] or [0])
+    return x[j], x[n - 1 - j]
+
+
+def paired_times(step, labels, base: str, reps: int, clock, on_step=None) -> tuple[dict, dict, dict]:
+    """Time ``step(label)`` with every variant between two ``base`` steps: base, v1, base, v2, base,
+    ... (variant order rotating each round). A variant's ratio is its time over the mean of the
+    two base steps around it, which cancels the machine's drift (on the dev VM the same matmul
+    runs 15% faster or slower for seconds at a time). Returns (times, walls, ratios) per label."""
+    variants = [lab for lab in labels if lab != base]
+    times = {lab: [] for lab in labels}
+    walls = {lab: [] for lab in labels}
+    ratios = {lab: [] for lab in variants}
+
+    def one(lab):
+        w0, t0 = time.perf_counter(), clock()
+        step(lab)
+        dt = clock() - t0
+        times[lab].append(dt)
+        walls[lab].append(time.perf_counter() - w0)
+        if on_step is not None:
+            on_step(lab)
+        return dt
+
+    for r in range(reps):
+        k = r % len(variants) if variants else 0
+        prev = one(base)
+        for lab in variants[k:] + variants[:k]:
+            t = one(lab)
+            nxt = one(base)
+            ratios[lab].append(t / (0.5 * (prev + nxt)))
+            prev = nxt
+    ratios[base] = [1.0] * reps
+    return times, walls, ratios
+
+
 def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, seq=SEQ, warmup=2,
                hwm: bool = False) -> dict:
-    """Per label: CPU/wall step times of interleaved repetitions and the paired ratios to none.
-    ``hwm``: also the resident high-water mark of the last timed step, in this process (the quick
+    """Per label: CPU/wall step times and paired ratios to none (``paired_times``).
+    ``hwm``: also the resident high-water mark of one step per label, in this process (the quick
     run's cheap stand-in for the per-case subprocess)."""
     clock, _ = _clock(device, threads)
     sb = _SharedBody(shape, list(labels), device, amp, batch, seq)
-    times = {lab: [] for lab in labels}
-    walls = {lab: [] for lab in labels}
-    peaks = {}
     for _ in range(warmup):
         for lab in labels:
             sb.step(lab)
-    hwm = hwm and device.type == "cpu" and bench_mem._reset_hwm()
-    for r in range(shape.reps):
-        k = r % len(labels)
-        last = hwm and r == shape.reps - 1
-        for lab in list(labels[k:]) + list(labels[:k]):
-            if last:
-                bench_mem._reset_hwm()
-                before = bench_mem._read_status()["VmRSS"]
-            w0, t0 = time.perf_counter(), clock()
+    peaks: dict[str, dict] = {}
+    step = sb.step
+    if hwm and device.type == "cpu" and bench_mem._reset_hwm():
+        def step(lab):  # noqa: F811 - the measuring variant of sb.step
+            bench_mem._reset_hwm()
+            before = bench_mem._read_status()["VmRSS"]
             sb.step(lab)
-            times[lab].append(clock() - t0)
-            walls[lab].append(time.perf_counter() - w0)
-            if last:
-                peak = bench_mem._read_status()["VmHWM"]
-                peaks[lab] = {"peak_mb": peak / 2**20, "step_mb": (peak - before) / 2**20,
-                              "method": "VmHWM of one step in the benchmark process (quick run)"}
-    base = times["none"]
+            peak = bench_mem._read_status()["VmHWM"]
+            peaks.setdefault(lab, {"peak_mb": peak / 2**20, "step_mb": (peak - before) / 2**20,
+                                   "method": "VmHWM of one step in the benchmark process (quick run)"})
+    times, walls, ratios = paired_times(step, list(labels), "none", shape.reps, clock)
     out = {}
     for lab, t in times.items():
-        r = sorted(a / b for a, b in zip(t, base))
+        lo, hi = median_ci(ratios[lab])
         out[lab] = {"step_ms": 1e3 * statistics.median(t), "wall_ms": 1e3 * statistics.median(walls[lab]),
-                    "ratio": statistics.median(r), "ratio_q25": r[(len(r) - 1) // 4],
-                    "ratio_q75": r[(3 * (len(r) - 1) + 3) // 4], "ratio_min": min(t) / min(base),
-                    "reps": len(t), "_peak": peaks.get(lab)}
+                    "ratio": statistics.median(ratios[lab]), "ratio_lo": lo, "ratio_hi": hi,
+                    "ratio_min": min(t) / min(times["none"]), "reps": len(ratios[lab]), "_peak": peaks.get(lab)}
     return out
 
 
 def time_decode(shape: Shape, device, amp, reps: int, prompt: int, new: int) -> list[dict]:
-    """Tokens/s of KV-cache generation (greedy) for none, full and first-4, interleaved."""
+    """Tokens/s of KV-cache generation (greedy) for none, full and first-4, paired like training."""
     clock, _ = _clock(device, torch.get_num_threads())
     models = {}
     for lab in DECODE_ROUTERS:
@@ -219,22 +254,19 @@ def time_decode(shape: Shape, device, amp, reps: int, prompt: int, new: int) -> 
     rows = []
     for B in DECODE_BATCHES:
         idx = torch.randint(0, VOCAB, (B, prompt), device=device)
-        times = {lab: [] for lab in models}
         with _autocast(device, amp):
-            for lab, m in models.items():
+            for m in models.values():
                 generate(m, idx, new)
-            for r in range(reps):
-                order = list(models)[r % len(models):] + list(models)[:r % len(models)]
-                for lab in order:
-                    t0 = clock()
-                    generate(models[lab], idx, new)
-                    times[lab].append(clock() - t0)
+            times, _, ratios = paired_times(lambda lab: generate(models[lab], idx, new), list(models), "none",
+                                            reps, clock)
         for lab, m in models.items():
             dtype = torch.bfloat16 if amp and device.type == "cuda" else next(m.parameters()).dtype
             kv = KVCache(m.cfg, B, prompt + new, device, dtype).nbytes()
-            ratio = statistics.median(b / a for a, b in zip(times[lab], times["none"]))
+            lo, hi = median_ci([1 / r for r in ratios[lab]])
             rows.append({"router": lab, "shape": shape.name, "batch": B, "new_tokens": new,
-                         "tok_s": B * new / statistics.median(times[lab]), "ratio": ratio, "kv_bytes": kv})
+                         "tok_s": B * new / statistics.median(times[lab]),
+                         "ratio": statistics.median(1 / r for r in ratios[lab]), "ratio_lo": lo, "ratio_hi": hi,
+                         "reps": len(ratios[lab]), "kv_bytes": kv})
     return rows
 
 
@@ -279,13 +311,12 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     for sh in shapes:
         if quick:
             sh = Shape(sh.name, sh.n_layers, sh.n_kv_heads, 1)
-        timed = time_shape(sh, labels, dev, threads, amp, batch, seq, warmup=1 if quick else 2,
-                           hwm=quick and memory)
+        timed = time_shape(sh, labels, dev, threads, amp, batch, seq,
+                           warmup=1 if quick or sh.n_layers >= 64 else 2, hwm=quick and memory)
         base_ms = timed["none"]["step_ms"]
-        # streaming bandwidth at the working set of the routing (the K/V buffer): L3 for small shapes
-        c0 = bench_cfg(sh, "none", dev, seq)
-        ws_mb = 2 * batch * seq * c0.kv_heads * c0.head_dim * 4 * c0.n_layers / 2**20
-        bw_ws = bench_mem.measure_bandwidth(max(1, round(ws_mb)), reps=5 if quick else 20)
+        # streaming bandwidth from memory: between writing a slot and reading it the layers' weights
+        # (4 MB per layer at width 256) pass through the caches, so the routing streams from DRAM
+        bw_ws = bw
         for lab in labels:
             cfg = bench_cfg(sh, lab, dev, seq)
             fl = flops_per_token(cfg, seq)
@@ -318,7 +349,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     dec = []
     if decode:
         sh = shapes[0]
-        dec = time_decode(sh, dev, amp, reps=1 if quick else 7, prompt=4 if quick else 16, new=4 if quick else 48)
+        dec = time_decode(sh, dev, amp, reps=1 if quick else 10, prompt=4 if quick else 16, new=4 if quick else 48)
     info = machine_info(dev, threads)
     info.update(bandwidth_gbs=bw, steady_malloc=malloc, load_start=load0, load_end=os.getloadavg(), clock=_clock(dev, threads)[1],
                 batch=batch, seq=seq, vocab=VOCAB, quick=quick, seconds=time.perf_counter() - t_start)

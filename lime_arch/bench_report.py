@@ -4,10 +4,11 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-CSV_FIELDS = ["router", "impl", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio", "ratio_q25",
-              "ratio_q75", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict", "peak_mb",
+CSV_FIELDS = ["router", "impl", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio", "ratio_lo",
+              "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict", "peak_mb",
               "mem_ratio", "step_mb", "flops_per_token", "routing_mb", "bw_gbs", "bw_floor_pct", "reps"]
-DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "kv_bytes"]
+DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "ratio_lo", "ratio_hi", "reps",
+                 "kv_bytes"]
 
 
 def _target(row: dict) -> float | None:
@@ -87,31 +88,34 @@ def _markdown(rows, dec, chk, info) -> str:
              f"{', '.join(f'{x:.1f}' for x in info['load_end'])} |")
     L.append(f"| batch x sequence, vocab | {info['batch']} x {info['seq']}, {info['vocab']} |")
     L.append(f"| run time | {info['seconds']:.0f} s |")
-    L += ["", "Method: all variants of a shape share one decoder body and are stepped round-robin (rotating "
-          "order); `ratio` is the median over rounds of variant/none step time in the same round, "
-          f"measured with the {info['clock']} clock; `step ms` and `wall ms` are medians. `FLOP %` is "
+    L += ["", "Method: all variants of a shape share one decoder body; every variant step runs between two "
+          "`none` steps (none, v1, none, v2, none, ..., the order rotating each round), and `ratio` is the "
+          "median over rounds of the variant's time over the mean of the two `none` steps around it, "
+          f"measured with the {info['clock']} clock (pairing cancels this VM's drift: the same matmul runs "
+          "+-15% for seconds at a time); `95% CI` is the distribution-free (sign-test) interval of that "
+          "median; `step ms` and `wall ms` are medians. `FLOP %` is "
           f"`routing_overhead` (forward routing FLOPs over the baseline's, seq {info['seq']}); target = 1.5 x FLOP % + 1. "
           "`peak MB`: peak resident memory of one step after a warm-up step, fresh subprocess per case "
-          "(see `lime_arch/bench_mem.py`). `ratio IQR`: quartiles of the per-round ratios (the noise of this "
-          "machine); `ratio (min)`: fastest variant step / fastest none step. `routing MB` is the traffic of the "
-          "routing's products and copies per step; `bw floor %` the time that traffic takes at the streaming "
-          "bandwidth measured at the size of the K/V buffer (L3 for small shapes), as a share of `none`'s step. "
+          "(see `lime_arch/bench_mem.py`). `ratio (min)`: fastest variant step / fastest none step. `routing MB` "
+          "is the traffic of the routing's products and copies per step; `bw floor %` the time that traffic "
+          "takes at the measured memory bandwidth (between writing a slot and reading it, the layers' weights "
+          "pass through the caches), as a share of `none`'s step. "
           "Optimizer: AdamW with lime_arch's parameter groups, fused kernel.",
           "", "## Training step (like the paper's Table 17)", "",
-          "| router | shape | impl | step ms | wall ms | ratio | ratio IQR | ratio (min) | overhead % | FLOP % | "
+          "| router | shape | impl | step ms | wall ms | ratio | 95% CI | ratio (min) | overhead % | FLOP % | "
           "target % | verdict | peak MB | mem ratio | routing MB | bw floor % |",
           "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
         L.append(f"| {r['router']} | {r['shape']} | {r['impl']} | {r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
-                 f"{r['ratio']:.3f} | {r['ratio_q25']:.3f}-{r['ratio_q75']:.3f} | {r['ratio_min']:.3f} | "
+                 f"{r['ratio']:.3f} | {r['ratio_lo']:.3f}-{r['ratio_hi']:.3f} | {r['ratio_min']:.3f} | "
                  f"{r['overhead_pct']:+.1f} | {r['flop_overhead_pct']:.2f} | "
                  f"{_f(r.get('target_pct'))} | {r['verdict']} | {_f(r.get('peak_mb'), '{:.0f}')} | "
                  f"{_f(r.get('mem_ratio'), '{:.3f}')} | {_f(r.get('routing_mb'), '{:.0f}')} | "
                  f"{_f(r.get('bw_floor_pct'))} |")
     bound = [r for r in rows if r.get("verdict") == "fail: bandwidth-bound"]
     if bound:
-        L += ["", "Bandwidth-bound rows (the routing's traffic alone, at the streaming bandwidth measured at "
-              "the buffer's size, exceeds the FLOP-based target):", ""]
+        L += ["", "Bandwidth-bound rows (the routing's traffic alone, at the measured memory bandwidth, "
+              "exceeds the FLOP-based target):", ""]
         for r in bound:
             L.append(f"- {r['router']} @ {r['shape']}: {r['routing_mb']:.0f} MB/step at {r['bw_gbs']:.1f} GB/s -> "
                      f"{r['bw_floor_pct']:.1f}% of none's {r['step_ms']/r['ratio']:.0f} ms step "
@@ -123,10 +127,12 @@ def _markdown(rows, dec, chk, info) -> str:
     L += ["", f"{n_ok}/{len(chk)} checks pass.", ""]
     if dec:
         L += ["## Decode (greedy KV-cache generation)", "",
-              "| router | shape | batch | new tokens | tok/s | ratio to none | KV-cache bytes |",
-              "|---|---|---:|---:|---:|---:|---:|"]
+              "Paired like the training step: `ratio` is the median of none's time over the router's, "
+              "each run between two `none` runs (prompt 16 tokens, then greedy decoding).", "",
+              "| router | shape | batch | new tokens | tok/s | ratio to none | 95% CI | KV-cache bytes |",
+              "|---|---|---:|---:|---:|---:|---:|---:|"]
         for d in dec:
             L.append(f"| {d['router']} | {d['shape']} | {d['batch']} | {d['new_tokens']} | {d['tok_s']:.1f} | "
-                     f"{d['ratio']:.3f} | {d['kv_bytes']} |")
+                     f"{d['ratio']:.3f} | {d['ratio_lo']:.3f}-{d['ratio_hi']:.3f} | {d['kv_bytes']} |")
         L.append("")
     return "\n".join(L)

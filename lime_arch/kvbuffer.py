@@ -254,15 +254,14 @@ class _Layout:
 
     def __init__(self, router: Router):
         R, L = router.R, router.n_layers
-        self.kind = router.kind
-        if router.kind == "linear" and R > 1 and L > 1 and router.weight_shape(1)[1] == len(router.sources(1)):
-            self.kind = "diag"  # one weight per source slot (same head index), routers.py's convention
+        self.kind = "diag" if router.kind == "linear" and router.same_head else router.kind
         self.R, self.Hd = R, router.head_dim
         self.rs = 1 if self.kind == "diag" else R
         self.mo = 1 if self.kind == "diag" else R
         self.cache: dict[tuple, tuple] = {}  # (id(param), n_pre) -> (param, w3, old-slot cols, in-block cols)
-        # base-class weight(l) is the parameter itself: fetch it straight from the list
-        self.direct = type(router).weight is Router.weight and router.learned
+        # read the parameters straight from the list: the base class's weight(l) is the parameter
+        # itself, and a same-head router's parameter (R, |S|) is the diagonal the product needs
+        self.direct = router.learned and (type(router).weight is Router.weight or self.kind == "diag")
 
     def w3(self, w: Tensor) -> Tensor:
         """The router's weight of a layer as (D, Mo, |S|*rs) (views, used inside autograd functions)."""
@@ -270,8 +269,7 @@ class _Layout:
             return w.unsqueeze(0)  # (1, R, |S|R)
         if self.kind == "perdim":  # (Hd, R, |S|R), made contiguous: bmm needs a unit stride per matrix
             return w.permute(2, 0, 1).contiguous()
-        R = self.R  # diag: the block-diagonal (R, |S|R) -> its diagonals, (R, 1, |S|)
-        return w.view(R, -1, R).diagonal(0, 0, 2).t().unsqueeze(1)
+        return w.unsqueeze(1)  # diag: the same-head parameter (R, |S|) -> (R, 1, |S|)
 
     def views(self, w: Tensor, n_pre: int) -> tuple[Tensor, Tensor]:
         """(old-slot columns, in-block columns) of ``w3(w)``; memoised for a parameter used as it
@@ -295,10 +293,7 @@ class _Layout:
             return g3.squeeze(0).to(dtype)
         if self.kind == "perdim":
             return g3.permute(1, 2, 0).to(dtype)
-        R, n = self.R, g3.shape[-1]  # diag: onto the diagonal of each (R, R) block
-        g = g3.new_zeros(R, n, R, dtype=dtype)
-        g.diagonal(0, 0, 2).copy_(g3[:, 0, :].t())
-        return g.view(R, n * R)
+        return g3.squeeze(1).to(dtype)  # diag: (R, 1, |S|) -> the parameter's (R, |S|)
 
 
 class _BufferState:
@@ -318,6 +313,7 @@ class _BufferState:
         self.buf = self.bufb.t
         self.kvw = self.bufb.memo.setdefault(("kvw", lay.kind, R, B, T), [None] * self.L)  # write views per slot
         self.gradb: _Buf | None = None  # K/V gradient of old slots (blocked routers' prefix part)
+        self.grad_hi = 0  # rows [0, grad_hi) of gradb hold values; it is never zero-filled whole
         self.P: dict[int, Tensor] = {}  # block -> stacked old-slot part of its members (D, n_mem*Mo, N)
         self.Wp: dict[int, Tensor] = {}  # block -> W_pre
         self.G: dict[int, _Buf] = {}  # block -> output gradients of its layers (D, n_layers*Mo, N)
@@ -441,15 +437,15 @@ class _BufferState:
         blk = plan.blocks[b]
         gb = self.G.get(b)
         if gb is None:
-            gb = self.G[b] = _Buf(self.buf.new_zeros(self.D, (blk.l1 - blk.l0) * mo, self.N))
+            # backward runs the block's layers in descending order (the link chain), so the first
+            # one here is the highest that ran: only the rows above it need zeros (a partial forward)
+            gb = self.G[b] = _Buf(self.buf.new_empty(self.D, (blk.l1 - blk.l0) * mo, self.N))
+            gb.t[:, (l - blk.l0 + 1) * mo:].zero_()
         i = l - blk.l0
         rows = gb.t[:, i * mo:(i + 1) * mo]
-        if gk is not None or gv is not None:
-            vk, vv = self._kv(rows, True)
-            if gk is not None:
-                vk.copy_(gk)
-            if gv is not None:
-                vv.copy_(gv)
+        vk, vv = self._kv(rows, True)
+        vk.zero_() if gk is None else vk.copy_(gk)
+        vv.zero_() if gv is None else vv.copy_(gv)
         return rows
 
     def dw_in(self, l: int, g: Tensor) -> Tensor:
@@ -472,7 +468,7 @@ class _BufferState:
         plan, rs, mo = self.plan, self.rs, self.mo
         b = plan.block_of[s]
         gb = self.G.get(b)
-        out = self.gradb.t[:, s * rs:(s + 1) * rs] if self.gradb is not None else None
+        out = self.gradb.t[:, s * rs:(s + 1) * rs] if (s + 1) * rs <= self.grad_hi else None
         fresh = False
         if gb is not None:
             wt, gt, l0 = self.Win[b].t, gb.t, plan.blocks[b].l0
@@ -520,19 +516,40 @@ class _BufferState:
                     g_in = pre.new_zeros(D, mo, (len(self.plan.sources[m]) - n) * rs)
                 w_grads[i] = self.lay.grad_w(torch.cat((pre, g_in), dim=2), self.w_dtype)
         if self.gradb is None:
-            self.gradb = _Buf(torch.zeros_like(self.buf))
+            self.gradb = _Buf(torch.empty_like(self.buf))
         grad = self.gradb
-        if blk.u_index is None and D == 1:
+        if blk.u_index is None:
             _, _, r0, r1 = blk.u_runs[0]
-            grad.rows(r0, r1).baddbmm_(Wp.transpose(1, 2), gP)
-        else:  # gathered rows, or a batch dimension (strided rows): product, then add
-            upd = torch.bmm(Wp.transpose(1, 2), gP)
-            if blk.u_index is None:
-                _, _, r0, r1 = blk.u_runs[0]
-                grad.rows(r0, r1).add_(upd)
-            else:
-                grad.t.index_add_(1, blk.u_index.to(grad.t.device), upd)
+            fresh = self._grad_upto(r0, r1)  # rows [r0, r1) hold nothing yet: write, do not add
+            if D == 1:
+                dst = grad.rows(r0, r1)
+                torch.bmm(Wp.transpose(1, 2), gP, out=dst) if fresh else dst.baddbmm_(Wp.transpose(1, 2), gP)
+            else:  # a batch dimension (strided rows): product, then add
+                upd = torch.bmm(Wp.transpose(1, 2), gP)
+                grad.rows(r0, r1).copy_(upd) if fresh else grad.rows(r0, r1).add_(upd)
+        else:  # gathered rows
+            self._grad_upto(blk.U[-1] * rs + rs, None)
+            grad.t.index_add_(1, blk.u_index.to(grad.t.device), torch.bmm(Wp.transpose(1, 2), gP))
         return w_grads
+
+    def _grad_upto(self, r0: int, r1: int | None) -> bool:
+        """Extend the valued rows of gradb to cover [r0, r1) (r1 None: [0, r0), zero-filled).
+        True when [r0, r1) held nothing, so the caller writes instead of adding."""
+        hi, t = self.grad_hi, self.gradb.t
+        if r1 is None:
+            if r0 > hi:
+                t[:, hi:r0].zero_()
+                self.grad_hi = r0
+            return False
+        if r0 >= hi:
+            if r0 > hi:
+                t[:, hi:r0].zero_()
+            self.grad_hi = r1
+            return True
+        if r1 > hi:
+            t[:, hi:r1].zero_()
+            self.grad_hi = r1
+        return False
 
     def end_block(self, b: int) -> None:
         """Every slot of block b has its gradient and its prefix is done: free G_b and W_in."""
@@ -698,10 +715,13 @@ class BufferMixer:
         x = torch.cat([self.kvs[s] for s in src], dim=0)  # (|S|R, B, T, 2Hd), contiguous
         if w.dtype != x.dtype:
             w = w.to(x.dtype)
-        if w.dim() == 3:  # per-dim: (R, |S|R, Hd), the same weights for K and V
+        kind = self.lay.kind
+        if kind == "perdim":  # (R, |S|R, Hd), the same weights for K and V
             out = torch.einsum("hcd,cnd->hnd", torch.cat((w, w), dim=-1),
                                x.view(len(src) * R, B * T, 2 * Hd)).contiguous()  # einsum may permute
-        else:  # (R, |S|R); same-head routers are block-diagonal here, negligible at this size
+        elif kind == "diag":  # the same-head parameter (R, |S|): head h reads head h of each source
+            out = torch.bmm(w.unsqueeze(1), x.view(len(src), R, -1).transpose(0, 1)).view(R, -1)
+        else:  # (R, |S|R)
             out = torch.mm(w, x.view(len(src) * R, -1))  # (R, B*T*2Hd)
         size, stride = (B, R, T, Hd), (T * 2 * Hd, B * T * 2 * Hd, 2 * Hd, 1)
         return out.as_strided(size, stride), out.as_strided(size, stride, Hd)

@@ -67,6 +67,10 @@ class Router(nn.Module):
     # "identity": no mixing; "mean": fixed uniform average; "linear": learned (R, |S|R);
     # "perdim": learned (R, |S|R, Hd). The mixer is chosen from this.
     kind: ClassVar[str] = "linear"
+    # same_head: the parameter of layer l is (R, |S_l|), head h reading head h of every source;
+    # ``weight`` expands it to the block-diagonal (R, |S_l|R). The buffer mixer reads the
+    # parameter itself (R*|S| MACs per column instead of the dense matrix's R*|S|*R).
+    same_head: ClassVar[bool] = False
 
     def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, arg: int | None, init: str):
         super().__init__()
@@ -97,7 +101,7 @@ class Router(nn.Module):
         b = math.sqrt(3.0 / shape[1])
         w = torch.empty(shape).uniform_(-b, b) if self.init == "paper" else torch.zeros(shape)
         cur = self.sources(l).index(l)
-        if shape[1] == len(self.sources(l)):  # one column per slot (same head index)
+        if self.same_head:  # one column per slot (same head index)
             w[:, cur] = 1.0
         else:
             eye = torch.eye(self.R)
@@ -179,6 +183,8 @@ class DilatedRouter(Router):
 @register_router("no-head-mix")
 class NoHeadMixRouter(Router):
     """(R, |S_l|): each head reads the same head index of every source layer."""
+
+    same_head = True
 
     def weight_shape(self, l: int) -> tuple[int, ...]:
         return (self.R, len(self.sources(l)))

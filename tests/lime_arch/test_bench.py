@@ -201,3 +201,28 @@ def test_weight_updates_and_dtype_changes_are_seen(spec):
             p1.add_(0.5)
             p2.add_(0.5)
     torch.testing.assert_close(m1(idx), m2(idx), rtol=1e-9, atol=1e-9)
+
+
+def test_median_ci_is_the_sign_test_interval():
+    """Order statistics from the binomial table: n=20 -> 6th and 15th, n=10 -> 2nd and 9th, n=5 -> range."""
+    from lime_arch.bench import median_ci
+    xs = [float(i) for i in range(1, 21)]
+    assert median_ci(xs[::-1]) == (6.0, 15.0)
+    assert median_ci(xs[:10]) == (2.0, 9.0)
+    assert median_ci(xs[:5]) == (1.0, 5.0)
+
+
+def test_paired_times_put_every_variant_between_two_baseline_steps():
+    from lime_arch.bench import paired_times
+    seq = []
+    cost = {"none": 2.0, "a": 3.0, "b": 1.0}
+    t = [0.0]
+
+    def step(lab):
+        seq.append(lab)
+        t[0] += cost[lab]
+
+    times, _, ratios = paired_times(step, ["none", "a", "b"], "none", 3, lambda: t[0])
+    assert seq[:5] == ["none", "a", "none", "b", "none"] and seq[5:10] == ["none", "b", "none", "a", "none"]
+    assert ratios["a"] == [1.5] * 3 and ratios["b"] == [0.5] * 3 and ratios["none"] == [1.0] * 3
+    assert len(times["none"]) == 9 and times["a"] == [3.0] * 3
