@@ -42,9 +42,9 @@ import torch
 import torch.nn.functional as F
 
 from . import bench_mem
+from .bench_alone import time_alone
 from .accounting import flops_per_token, routing_overhead
 from .config import ModelConfig, preset
-from .generate import generate
 from .model import KVCache, build_model
 from .optim import param_groups
 from .routers import build_router
@@ -245,7 +245,11 @@ def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, se
 
 
 def time_decode(shape: Shape, device, amp, reps: int, prompt: int, new: int) -> list[dict]:
-    """Tokens/s of KV-cache generation (greedy) for none, full and first-4, paired like training."""
+    """Tokens/s of greedy KV-cache decoding for none, full and first-4. Every model prefills the
+    same prompt, then decodes one token per call (``model(next, cache)``, argmax: what
+    ``generate`` runs), interleaved token by token and paired like training (a variant's token
+    between two of none's), so drift over seconds cancels. Positions cycle through
+    [prompt, prompt + new), so every model decodes at the same context lengths. ``reps`` rounds."""
     clock, _ = _clock(device, torch.get_num_threads())
     models = {}
     for lab in DECODE_ROUTERS:
@@ -254,19 +258,29 @@ def time_decode(shape: Shape, device, amp, reps: int, prompt: int, new: int) -> 
     rows = []
     for B in DECODE_BATCHES:
         idx = torch.randint(0, VOCAB, (B, prompt), device=device)
-        with _autocast(device, amp):
-            for m in models.values():
-                generate(m, idx, new)
-            times, _, ratios = paired_times(lambda lab: generate(models[lab], idx, new), list(models), "none",
-                                            reps, clock)
-        for lab, m in models.items():
-            dtype = torch.bfloat16 if amp and device.type == "cuda" else next(m.parameters()).dtype
-            kv = KVCache(m.cfg, B, prompt + new, device, dtype).nbytes()
-            lo, hi = median_ci([1 / r for r in ratios[lab]])
-            rows.append({"router": lab, "shape": shape.name, "batch": B, "new_tokens": new,
-                         "tok_s": B * new / statistics.median(times[lab]),
-                         "ratio": statistics.median(1 / r for r in ratios[lab]), "ratio_lo": lo, "ratio_hi": hi,
-                         "reps": len(ratios[lab]), "kv_bytes": kv})
+        state = {}
+        with torch.no_grad(), _autocast(device, amp):
+            for lab, m in models.items():
+                dtype = torch.bfloat16 if amp and device.type == "cuda" else next(m.parameters()).dtype
+                cache = KVCache(m.cfg, B, prompt + new, device, dtype)
+                state[lab] = [cache, m(idx, cache)[:, -1].argmax(-1, keepdim=True)]
+
+            def step(lab):
+                cache, tok = state[lab]
+                if cache.pos >= prompt + new:
+                    cache.pos = prompt
+                state[lab][1] = models[lab](tok, cache)[:, -1].argmax(-1, keepdim=True)
+
+            for lab in models:  # warm-up
+                step(lab)
+            times, _, ratios = paired_times(step, list(models), "none", reps, clock)
+        for lab in models:
+            kv = state[lab][0].nbytes()
+            inv = [1 / r for r in ratios[lab]]
+            lo, hi = median_ci(inv)
+            rows.append({"router": lab, "shape": shape.name, "batch": B, "new_tokens": len(times[lab]),
+                         "tok_s": B / statistics.median(times[lab]), "ratio": statistics.median(inv),
+                         "ratio_lo": lo, "ratio_hi": hi, "reps": len(inv), "kv_bytes": kv})
     return rows
 
 
@@ -314,6 +328,8 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
         timed = time_shape(sh, labels, dev, threads, amp, batch, seq,
                            warmup=1 if quick or sh.n_layers >= 64 else 2, hwm=quick and memory)
         base_ms = timed["none"]["step_ms"]
+        alone = time_alone({lab: bench_cfg(sh, lab, dev, seq) for lab in labels}, batch, seq, dev,
+                           1 if quick else max(3, 160 // sh.n_layers), _clock(dev, threads)[0])
         # streaming bandwidth from memory: between writing a slot and reading it the layers' weights
         # (4 MB per layer at width 256) pass through the caches, so the routing streams from DRAM
         bw_ws = bw
@@ -326,6 +342,9 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
                          "label": lab, "shape": sh.name, "n_layers": sh.n_layers, "kv_heads": sh.n_kv_heads,
                          **timed[lab], "overhead_pct": 100 * (timed[lab]["ratio"] - 1),
                          "flop_overhead_pct": 100 * routing_overhead(cfg, seq), "flops_per_token": fl["total"],
+                         "alone_pct": 100 * 1e3 * alone[lab] / base_ms,
+                         "routing_gflops": 3 * fl["routing"] * batch * seq / alone[lab] / 1e9 if alone[lab] else None,
+                         "body_gflops": 3 * fl["base"] * batch * seq / (base_ms / 1e3) / 1e9,
                          "routing_mb": None if traffic is None else traffic / 2**20, "bw_gbs": bw_ws,
                          "bw_floor_pct": None if floor_ms is None else 100 * floor_ms / base_ms, "cfg": cfg})
     if memory:
@@ -349,7 +368,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     dec = []
     if decode:
         sh = shapes[0]
-        dec = time_decode(sh, dev, amp, reps=1 if quick else 10, prompt=4 if quick else 16, new=4 if quick else 48)
+        dec = time_decode(sh, dev, amp, reps=2 if quick else 150, prompt=4 if quick else 16, new=4 if quick else 48)
     info = machine_info(dev, threads)
     info.update(bandwidth_gbs=bw, steady_malloc=malloc, load_start=load0, load_end=os.getloadavg(), clock=_clock(dev, threads)[1],
                 batch=batch, seq=seq, vocab=VOCAB, quick=quick, seconds=time.perf_counter() - t_start)

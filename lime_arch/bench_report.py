@@ -6,7 +6,8 @@ from pathlib import Path
 
 CSV_FIELDS = ["router", "impl", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio", "ratio_lo",
               "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict", "peak_mb",
-              "mem_ratio", "step_mb", "flops_per_token", "routing_mb", "bw_gbs", "bw_floor_pct", "reps"]
+              "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops", "body_gflops", "routing_mb",
+              "bw_gbs", "bw_floor_pct", "reps"]
 DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "ratio_lo", "ratio_hi", "reps",
                  "kv_bytes"]
 
@@ -28,8 +29,10 @@ def checks(rows: list[dict], dec: list[dict]) -> list[dict]:
             r["verdict"] = "peer" if r["impl"] == "concat" else "baseline"
             continue
         ok = r["overhead_pct"] <= t
+        kernel_bound = not ok and r.get("alone_pct") is not None and r["alone_pct"] > t
         bw_bound = not ok and r.get("bw_floor_pct") is not None and r["bw_floor_pct"] > t
-        r["verdict"] = "pass" if ok else ("fail: bandwidth-bound" if bw_bound else "fail")
+        r["verdict"] = "pass" if ok else ("fail: kernel-bound" if kernel_bound else
+                                          "fail: bandwidth-bound" if bw_bound else "fail")
         out.append({"check": f"step time {r['router']} @ {r['shape']}", "value": r["overhead_pct"], "target": t,
                     "ok": ok, "note": r["verdict"]})
     for r in rows:
@@ -99,19 +102,31 @@ def _markdown(rows, dec, chk, info) -> str:
           "(see `lime_arch/bench_mem.py`). `ratio (min)`: fastest variant step / fastest none step. `routing MB` "
           "is the traffic of the routing's products and copies per step; `bw floor %` the time that traffic "
           "takes at the measured memory bandwidth (between writing a slot and reading it, the layers' weights "
-          "pass through the caches), as a share of `none`'s step. "
+          "pass through the caches), as a share of `none`'s step. `alone %`: the routing's forward and backward "
+          "outside the model (same shapes, minus `none`'s), as a share of `none`'s step; `routing GFLOP/s`: "
+          "3 x its forward FLOPs over that time. "
           "Optimizer: AdamW with lime_arch's parameter groups, fused kernel.",
           "", "## Training step (like the paper's Table 17)", "",
           "| router | shape | impl | step ms | wall ms | ratio | 95% CI | ratio (min) | overhead % | FLOP % | "
-          "target % | verdict | peak MB | mem ratio | routing MB | bw floor % |",
-          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|"]
+          "target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | bw floor % |",
+          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         L.append(f"| {r['router']} | {r['shape']} | {r['impl']} | {r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
                  f"{r['ratio']:.3f} | {r['ratio_lo']:.3f}-{r['ratio_hi']:.3f} | {r['ratio_min']:.3f} | "
                  f"{r['overhead_pct']:+.1f} | {r['flop_overhead_pct']:.2f} | "
-                 f"{_f(r.get('target_pct'))} | {r['verdict']} | {_f(r.get('peak_mb'), '{:.0f}')} | "
+                 f"{_f(r.get('target_pct'))} | {r['verdict']} | {_f(r.get('alone_pct'))} | "
+                 f"{_f(r.get('routing_gflops'))} | {_f(r.get('peak_mb'), '{:.0f}')} | "
                  f"{_f(r.get('mem_ratio'), '{:.3f}')} | {_f(r.get('routing_mb'), '{:.0f}')} | "
                  f"{_f(r.get('bw_floor_pct'))} |")
+    kb = [r for r in rows if r.get("verdict") == "fail: kernel-bound"]
+    if kb:
+        L += ["", "Kernel-bound rows: the routing alone (its forward and backward on random K/V, outside the "
+              "model, minus `none`'s; `lime_arch/bench_alone.py`) already costs more than the target, at the "
+              "GFLOP/s its small products reach here (M = KV heads rows) against the whole step's:", ""]
+        for r in kb:
+            L.append(f"- {r['router']} @ {r['shape']}: alone {r['alone_pct']:.1f}% of none's step, routing at "
+                     f"{_f(r.get('routing_gflops'))} GFLOP/s vs the step's {r['body_gflops']:.1f} > target "
+                     f"{r['target_pct']:.1f}% (in the step: {r['overhead_pct']:+.1f}%).")
     bound = [r for r in rows if r.get("verdict") == "fail: bandwidth-bound"]
     if bound:
         L += ["", "Bandwidth-bound rows (the routing's traffic alone, at the measured memory bandwidth, "
@@ -127,9 +142,11 @@ def _markdown(rows, dec, chk, info) -> str:
     L += ["", f"{n_ok}/{len(chk)} checks pass.", ""]
     if dec:
         L += ["## Decode (greedy KV-cache generation)", "",
-              "Paired like the training step: `ratio` is the median of none's time over the router's, "
-              "each run between two `none` runs (prompt 16 tokens, then greedy decoding).", "",
-              "| router | shape | batch | new tokens | tok/s | ratio to none | 95% CI | KV-cache bytes |",
+              "Prompt of 16 tokens, then greedy decoding one token per call (`model(next, cache)`, "
+              "argmax), the models interleaved token by token: each variant's token between two of "
+              "`none`'s. `ratio`: median over pairs of none's time per token over the router's; "
+              "`tok/s`: batch / median time per token; positions cycle through the 48 after the prompt.", "",
+              "| router | shape | batch | tokens timed | tok/s | ratio to none | 95% CI | KV-cache bytes |",
               "|---|---|---:|---:|---:|---:|---:|---:|"]
         for d in dec:
             L.append(f"| {d['router']} | {d['shape']} | {d['batch']} | {d['new_tokens']} | {d['tok_s']:.1f} | "

@@ -205,6 +205,8 @@ class _Plan:
         self.in_runs: list[list] = []  # per layer: runs (col0, col1, row0, row1) over its in-block
         #   sources; columns relative to the in-block weight slice, rows absolute buffer rows
         self.in_one: list[bool] = []  # the in-block sources are one run covering the whole slice
+        # every source as buffer row runs (the no-grad few-token path of linear routers)
+        self.all_runs = [_runs(list(enumerate(src)), rs) for src in self.sources]
         readers: list[list[tuple[int, int]]] = [[] for _ in range(L)]
         for l, src in enumerate(self.sources):
             blk = self.blocks[self.block_of[l]]
@@ -285,6 +287,17 @@ class _Layout:
             out = (w3[:, :, :cut], w3[:, :, cut:] if n_pre else w3)
         if memo:
             self.cache[key] = (w, w3, *out)
+        return out
+
+    def col_slices(self, w: Tensor, runs: list) -> list[Tensor]:
+        """``w[:, c0:c1]`` per run, memoised for a parameter like ``views`` (decode's few-token path)."""
+        key = (id(w), "cols")
+        c = self.cache.get(key)
+        if c is not None and c[0] is w and c[1] == w.data_ptr() and c[2] == w.dtype:
+            return c[3]
+        out = [w[:, c0:c1] for c0, c1, _ in runs]
+        if isinstance(w, torch.nn.Parameter):
+            self.cache[key] = (w, w.data_ptr(), w.dtype, out)
         return out
 
     def grad_w(self, g3: Tensor, dtype: torch.dtype) -> Tensor:
@@ -665,6 +678,8 @@ class BufferMixer:
         self.link: Tensor | None = None  # what the next layer's autograd function consumes
         self.mode = "grad"
         self.kvs: list[Tensor] = []
+        self.sbuf: _Buf | None = None
+        self.small: list | None = None
 
     def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         router, plan = self.router, self.plan
@@ -702,11 +717,49 @@ class BufferMixer:
     def _weight(self, l: int) -> Tensor:
         return self.wlist[l - 1] if self.wlist is not None else self.router.weight(l)
 
+    def _small_views(self, B: int, T: int, R: int, Hd: int) -> list:
+        """Per layer of the slot tensor: K and V write views in (B, T, R, Hd) order, and the
+        source row runs as (col0, col1, rows)."""
+        t, out = self.sbuf.t, []
+        for l in range(self.router.n_layers):
+            slot = t[l * R:(l + 1) * R].view(R, B, T, 2 * Hd)
+            out.append((slot[..., :Hd].permute(1, 2, 0, 3), slot[..., Hd:].permute(1, 2, 0, 3),
+                        [(c0, c1, t[r0:r1]) for c0, c1, r0, r1 in self.plan.all_runs[l]]))
+        return out
+
     def _route_small(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """No autograd, a few tokens (decoding): keep each layer's [K|V] as (R, B, T, 2Hd) in a
-        list and run one product over the concatenated sources; the fewest ops, since there is
-        no bandwidth to save."""
+        """No autograd, a few tokens (decoding). Linear routers: each layer's [K|V] goes once into
+        its rows of a (L*R, B*T*2Hd) slot tensor and the product runs over row ranges of it (full
+        and last-j: one slice, first-j: two), so nothing is concatenated per layer (re-copying
+        every earlier slot at every layer cost full routing ~10% of decode speed at batch 8).
+        Same-head and per-dim routers keep [K|V] in a list and concatenate their sources."""
         B, T, R, Hd = k.shape
+        if self.lay.kind == "linear":
+            L = self.router.n_layers
+            if l == 0:  # pooled on CPU, with its views memoised: a decode step is ~10 small ops per layer
+                self.sbuf = _POOL.get((L * R, B * T * 2 * Hd), k)
+                self.small = self.sbuf.memo.get(("small", self.plan, B, T, R, Hd))
+                if self.small is None:
+                    self.small = self.sbuf.memo[("small", self.plan, B, T, R, Hd)] = self._small_views(B, T, R, Hd)
+            kw, vw, runs = self.small[l]
+            kw.copy_(k)
+            vw.copy_(v)
+            if l == L - 1:  # every read of this pass is below; the outputs are fresh tensors
+                _POOL.put(self.sbuf)
+            if l == 0:
+                return k.transpose(1, 2), v.transpose(1, 2)
+            w = self._weight(l)
+            if w.dtype != k.dtype:
+                w = w.to(k.dtype)
+            if len(runs) == 1:
+                out = torch.mm(w, runs[0][2])
+            else:
+                ws = self.lay.col_slices(w, runs)
+                out = torch.mm(ws[0], runs[0][2])
+                for a, (_, _, x) in zip(ws[1:], runs[1:]):
+                    out.addmm_(a, x)
+            size, stride = (B, R, T, Hd), (T * 2 * Hd, B * T * 2 * Hd, 2 * Hd, 1)
+            return out.as_strided(size, stride), out.as_strided(size, stride, Hd)
         self.kvs.append(torch.cat((k, v), dim=-1).permute(2, 0, 1, 3))  # (R, B, T, 2Hd) view
         if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)

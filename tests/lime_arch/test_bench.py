@@ -197,10 +197,30 @@ def test_weight_updates_and_dtype_changes_are_seen(spec):
     m2.load_state_dict(m1.state_dict())
     torch.testing.assert_close(m1(idx), m2(idx), rtol=1e-9, atol=1e-9)
     with torch.no_grad():
+        torch.testing.assert_close(m1(idx), m2(idx), rtol=1e-9, atol=1e-9)  # few-token path, memoised
         for p1, p2 in zip(m1.router.parameters(), m2.router.parameters()):
             p1.add_(0.5)
             p2.add_(0.5)
     torch.testing.assert_close(m1(idx), m2(idx), rtol=1e-9, atol=1e-9)
+    with torch.no_grad():
+        torch.testing.assert_close(m1(idx), m2(idx), rtol=1e-9, atol=1e-9)
+
+
+def test_decoding_routers_alternately_share_no_state():
+    """The few-token path pools its slot tensor across passes: two routers with the same shapes,
+    decoding in turns, each still match their concatenation reference."""
+    idx = torch.randint(0, 256, (3, 1))
+    pairs = []
+    for spec in ("full", "first-2", "last-2"):
+        cfg = preset("tiny", router=spec, n_layers=L)
+        a = build_model(cfg).double()
+        b = build_model(cfg.replace(routing_impl="concat")).double()
+        b.load_state_dict(a.state_dict())
+        pairs.append((a, b))
+    with torch.no_grad():
+        for _ in range(2):
+            for a, b in pairs:
+                torch.testing.assert_close(a(idx), b(idx), rtol=1e-9, atol=1e-9)
 
 
 def test_median_ci_is_the_sign_test_interval():
