@@ -28,7 +28,7 @@ import time
 
 import torch
 
-from . import kvbuffer
+from . import kvplan
 from .config import ModelConfig
 from .routers import build_router
 
@@ -135,7 +135,7 @@ def measure_bandwidth(mb: int = 128, reps: int = 5) -> float:
 def routing_traffic(cfg: ModelConfig, batch: int, seq: int, elem: int = 4) -> int | None:
     """Bytes the routing reads and writes in one training step (forward and backward).
 
-    Counts the buffer mixer's plan (``kvbuffer``): forward, the K/V writes, each block product
+    Counts the buffer mixer's plan (``kvplan``): forward, the K/V writes, each block product
     (old-slot rows read, P written) and each layer's in-block sources and output; backward, the
     output gradients stored into G_b (zeroed first), the in-block dW products, per block dW_pre
     and the read-modify-write of the K/V gradient buffer (zeroed first), and each slot's gradient
@@ -153,8 +153,8 @@ def routing_traffic(cfg: ModelConfig, batch: int, seq: int, elem: int = 4) -> in
         return 0
     if router.kind == "mean":  # fwd: add (3 slots) and divide (2) per layer; bwd about the same
         return 2 * 5 * L * slot
-    lay = kvbuffer._Layout(router)
-    plan = kvbuffer._plan(router, lay, None)
+    lay = kvplan.Layout(router)
+    plan = kvplan.plan_for(router, lay, None)
     rows = lay.rs
     n = 2 * L  # forward: write K/V (read + write)
     blocked = any(b.members for b in plan.blocks)

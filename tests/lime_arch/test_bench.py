@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lime_arch import ROUTERS, build_model, preset
-from lime_arch import kvbuffer
+from lime_arch import kvbuffer, kvplan
 from lime_arch.bench import QUICK_SHAPES, ROUTERS as BENCH_ROUTERS, PEER, run_bench
 from lime_arch.bench_mem import routing_traffic
 from lime_arch.kvbuffer import make_mixer
@@ -143,11 +143,11 @@ def test_pooled_buffers_never_alias_results():
 def test_block_choice_and_traffic():
     for spec in ("full", "first-4", "last-4", "dilated-8", "no-head-mix", "per-dim"):
         r = build_router(spec, n_layers=64, n_kv_heads=8, head_dim=32)
-        lay = kvbuffer._Layout(r)
-        plan = kvbuffer._plan(r, lay, None)
-        assert 1 <= plan.block <= 64 and (plan.block * lay.mo <= kvbuffer.MAX_BLOCK_ROWS or plan.block == 64)
+        lay = kvplan.Layout(r)
+        plan = kvplan.plan_for(r, lay, None)
+        assert 1 <= plan.block <= 64 and (plan.block * lay.mo <= kvplan.MAX_BLOCK_ROWS or plan.block == 64)
     full = build_router("full", n_layers=64, n_kv_heads=8, head_dim=32)
-    assert 1 < kvbuffer._plan(full, kvbuffer._Layout(full), None).block < 64  # blocked: about sqrt(L)
+    assert 1 < kvplan.plan_for(full, kvplan.Layout(full), None).block < 64  # blocked: about sqrt(L)
     cfg = preset("deep32", n_layers=16, vocab_size=512, max_seq_len=64)
     assert routing_traffic(cfg.replace(router="none"), 2, 64) == 0
     assert routing_traffic(cfg.replace(router="full"), 2, 64) > routing_traffic(cfg.replace(router="last-4"), 2, 64) > 0
