@@ -33,6 +33,7 @@ import math
 import os
 import platform
 import statistics
+import sys
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -42,12 +43,13 @@ import torch
 import torch.nn.functional as F
 
 from . import bench_mem
-from .bench_alone import time_alone
 from .accounting import flops_per_token, routing_overhead
+from .bench_alone import time_alone
 from .config import ModelConfig, preset
+from .errors import ConfigError
 from .model import KVCache, build_model
 from .optim import param_groups
-from .routers import build_router
+from .routers import build_router, parse_router
 
 ROUTERS = ("none", "full", "first-4", "last-4", "dilated-8", "no-head-mix", "per-dim", "average")
 PEER = "full/concat"  # label of the naive reference: full routing, the paper's concatenation
@@ -66,7 +68,7 @@ class Shape:
 
 
 SHAPES = (Shape("L16-MHA", 16, 8, 20), Shape("L16-GQA", 16, 2, 20), Shape("L64-MHA", 64, 8, 10),
-          Shape("L128-MHA", 128, 8, 5))
+          Shape("L128-MHA", 128, 8, 7))
 QUICK_SHAPES = (Shape("L3-MHA", 3, 8, 1), Shape("L3-GQA", 3, 2, 1))
 
 
@@ -379,24 +381,52 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     return {"paths": [str(p) for p in paths], "rows": rows, "decode": dec, "checks": chk, "machine": info}
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lime_arch.bench", description=__doc__.splitlines()[0])
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The benchmark's options (shared by ``python -m lime_arch.bench`` and ``lime bench``)."""
     ap.add_argument("--out", default="results/bench")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one repetition (a smoke test)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1; see the module docstring)")
-    ap.add_argument("--shapes", help="comma-separated subset of " + ",".join(s.name for s in SHAPES))
+    ap.add_argument("--threads", type=int, default=1, help="CPU threads (default 1; see lime_arch/bench.py)")
+    ap.add_argument("--shapes", help="comma-separated subset of " + ",".join(s.name for s in SHAPES + QUICK_SHAPES))
     ap.add_argument("--routers", help="comma-separated routers (default: " + ",".join(ROUTERS) + ")")
-    ap.add_argument("--no-memory", action="store_true")
-    ap.add_argument("--no-decode", action="store_true")
-    a = ap.parse_args(argv)
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
+
+
+def options(a: argparse.Namespace) -> dict:
+    """Checked keyword arguments of ``run_bench``; a bad value raises one ConfigError line."""
+    by = {s.name: s for s in SHAPES + QUICK_SHAPES}
     shapes = None
     if a.shapes:
-        by = {s.name: s for s in SHAPES + QUICK_SHAPES}
+        bad = [n for n in a.shapes.split(",") if n not in by]
+        if bad:
+            raise ConfigError(f"bench.shapes: unknown {', '.join(bad)}; allowed: {', '.join(by)}")
         shapes = tuple(by[n] for n in a.shapes.split(","))
-    out = run_bench(a.out, a.quick, device=a.device, threads=a.threads, shapes=shapes,
-                    routers=tuple(a.routers.split(",")) if a.routers else ROUTERS,
-                    memory=not a.no_memory, decode=not a.no_decode)
+    routers = tuple(a.routers.split(",")) if a.routers else ROUTERS
+    for r in routers:
+        try:
+            parse_router(r)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("model.router", "bench.routers", 1)) from None
+    if a.device not in (None, "cpu", "cuda"):
+        raise ConfigError(f"bench.device: {a.device!r}; allowed: cpu, cuda")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("bench.device: cuda requested but torch sees no CUDA device here")
+    if a.threads is not None and a.threads < 1:
+        raise ConfigError(f"bench.threads: must be >= 1, got {a.threads}")
+    return {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
+            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lime_arch.bench", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    try:
+        kw = options(ap.parse_args(argv))
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = run_bench(**kw)
     for p in out["paths"]:
         print(f"wrote {p}")
     failed = [c for c in out["checks"] if not c["ok"]]

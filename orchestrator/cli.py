@@ -57,8 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_lazy("orchestrator.report:cmd_report"))
 
     b = sub.add_parser("bench", help="step time, memory, FLOPs and decode speed of every router")
-    b.add_argument("--out", default="results/bench")
-    b.add_argument("--quick", action="store_true", help="tiny shapes, one repetition (a smoke test)")
+    from lime_arch.bench import add_arguments  # noqa: PLC0415 - torch is imported by lime_arch anyway
+    add_arguments(b)
     b.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
     b.set_defaults(func=_lazy("orchestrator.cli_train:cmd_bench"))
 

@@ -87,16 +87,31 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from lime_arch.bench import run_bench
+    from lime_arch.bench import options, run_bench
 
-    out = run_bench(out_dir=args.out, quick=args.quick)
+    kw = options(args)  # ConfigError -> one line, exit 2, before anything runs
+    out = run_bench(**kw)
     paths = [p for p in out.get("paths", [])]
     for p in paths:
         print(f"wrote {p}")
+    failed = [c for c in out["checks"] if not c["ok"]]
+    print(f"{len(out['checks']) - len(failed)}/{len(out['checks'])} checks pass; {out['machine']['seconds']:.0f} s")
     if not args.no_track:
         from .tracking import RunLogger
 
         log = RunLogger("lime-bench", run_name="bench-quick" if args.quick else "bench", tags={"kind": "bench"})
+        log.log_params({k: v for k, v in out["machine"].items() if isinstance(v, (str, int, float, bool))})
+        metrics = {}
+        for r in out["rows"]:
+            key = f"{r['router']}.{r['impl']}.{r['shape']}"
+            for m in ("ratio", "overhead_pct", "flop_overhead_pct", "mem_ratio", "alone_pct"):
+                if r.get(m) is not None:
+                    metrics[f"bench/{m}/{key}"] = float(r[m])
+        for d in out["decode"]:
+            metrics[f"bench/decode_ratio/{d['router']}.b{d['batch']}"] = float(d["ratio"])
+            metrics[f"bench/decode_tok_s/{d['router']}.b{d['batch']}"] = float(d["tok_s"])
+        metrics["bench/checks_passed"] = float(len(out["checks"]) - len(failed))
+        log.log_metrics(metrics, step=0, flush=True)
         for p in paths:
             log.log_artifact(p)
         log.end("finished")

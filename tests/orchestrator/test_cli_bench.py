@@ -1,0 +1,38 @@
+"""``lime bench``: bad options fail in one line before anything runs; a tiny run logs to MLflow."""
+import pytest
+from mlflow.tracking import MlflowClient
+
+from orchestrator.cli import main
+
+BAD = [
+    (["--shapes", "L16-MHA,L9"], "bench.shapes"),
+    (["--routers", "full,bogus"], "bench.routers"),
+    (["--routers", "first-0"], "bench.routers"),
+    (["--threads", "0"], "bench.threads"),
+    (["--device", "tpu"], "bench.device"),
+]
+
+
+@pytest.mark.parametrize("argv,field", BAD)
+def test_bad_bench_options_exit_2(argv, field, tmp_path, capsys):
+    assert main(["bench", "--out", str(tmp_path / "b"), "--no-track", *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {field}"), err
+    assert not (tmp_path / "b").exists()  # nothing ran
+
+
+def test_bench_logs_rows_and_decode_to_mlflow(tmp_path, mlflow_uri, capsys):
+    out = tmp_path / "b"
+    assert main(["bench", "--quick", "--shapes", "L3-GQA", "--routers", "full", "--no-memory",
+                 "--out", str(out)]) == 0
+    assert {p.name for p in out.iterdir()} == {"bench.md", "bench.csv", "decode.csv"}
+    client = MlflowClient(mlflow_uri)
+    exp = client.get_experiment_by_name("lime-bench")
+    (run,) = client.search_runs([exp.experiment_id])
+    m = run.data.metrics
+    assert m["bench/ratio/none.buffer.L3-GQA"] == 1.0
+    assert m["bench/ratio/full.buffer.L3-GQA"] > 0 and "bench/ratio/full.concat.L3-GQA" in m
+    assert m["bench/decode_ratio/none.b1"] == 1.0 and m["bench/decode_tok_s/full.b8"] > 0
+    assert run.data.params["device"] == "cpu" and run.data.params["torch"].startswith("2.")
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"bench.md", "bench.csv", "decode.csv"} <= arts
