@@ -73,19 +73,26 @@ def resolve_key(name: Any, where: str) -> str:
     return name
 
 
+
+def _keyed(mapping: dict, section: str):
+    """(name, value, where, resolved key) per entry of a grid or search space; two spellings of
+    the same key (an alias and its full path) are an error."""
+    seen: dict[str, str] = {}
+    for name, value in mapping.items():
+        where = f"{section}.{name}"
+        key = resolve_key(name, where)
+        if key in seen:
+            raise ConfigError(f"{where}: the same key as {section}.{seen[key]} ({key})")
+        seen[key] = name
+        yield name, value, where, key
+
 def _parse_grid(grid: Any) -> dict[str, list]:
     if grid is None:
         return {}
     if not isinstance(grid, dict):
         raise ConfigError(f"grid: must be a mapping of axis -> list of values, got {grid!r}")
     out: dict[str, list] = {}
-    seen: dict[str, str] = {}
-    for name, values in grid.items():
-        where = f"grid.{name}"
-        key = resolve_key(name, where)
-        if key in seen:
-            raise ConfigError(f"{where}: the same key as grid.{seen[key]} ({key})")
-        seen[key] = name
+    for name, values, where, key in _keyed(grid, "grid"):
         if not isinstance(values, list):
             raise ConfigError(f"{where}: must be a list of values, got {values!r}")
         if not values:
@@ -150,12 +157,8 @@ def _parse_search(s: Any, grid: dict[str, list]) -> SearchSpec | None:
     space = s.get("space")
     if not isinstance(space, dict) or not space:
         raise ConfigError("search.space: required, a mapping of key -> {loguniform|uniform|int|choice: [...]}")
-    keys: dict[str, str] = {}
-    for name, dist in space.items():
-        where = f"search.space.{name}"
-        key = resolve_key(name, where)
-        if key in keys:
-            raise ConfigError(f"{where}: the same key as search.space.{keys[key]} ({key})")
+    keys: dict[str, str] = {}  # resolved key -> its name in search.space
+    for name, dist, where, key in _keyed(space, "search.space"):
         keys[key] = name
         if key == "train.seed":
             raise ConfigError(f"{where}: seeds are not searched; use search.repeat or grid.seed: [...]")
