@@ -228,14 +228,12 @@ def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, se
             sb.step(lab)
     peaks: dict[str, dict] = {}
     step = sb.step
-    if hwm and device.type == "cpu" and bench_mem._reset_hwm():
+    if hwm and device.type == "cpu":
         def step(lab):  # noqa: F811 - the measuring variant of sb.step
-            bench_mem._reset_hwm()
-            before = bench_mem._read_status()["VmRSS"]
-            sb.step(lab)
-            peak = bench_mem._read_status()["VmHWM"]
-            peaks.setdefault(lab, {"peak_mb": peak / 2**20, "step_mb": (peak - before) / 2**20,
-                                   "method": "VmHWM of one step in the benchmark process (quick run)"})
+            got = bench_mem.rss_peak(lambda: sb.step(lab))
+            if got is not None:
+                peaks.setdefault(lab, {"peak_mb": got[0] / 2**20, "step_mb": (got[0] - got[1]) / 2**20,
+                                       "method": "VmHWM of one step in the benchmark process (quick run)"})
     times, walls, ratios = paired_times(step, list(labels), "none", shape.reps, clock)
     out = {}
     for lab, t in times.items():
@@ -330,16 +328,14 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
         timed = time_shape(sh, labels, dev, threads, amp, batch, seq,
                            warmup=1 if quick or sh.n_layers >= 64 else 2, hwm=quick and memory)
         base_ms = timed["none"]["step_ms"]
-        alone = time_alone({lab: bench_cfg(sh, lab, dev, seq) for lab in labels}, batch, seq, dev,
-                           1 if quick else max(3, 160 // sh.n_layers), _clock(dev, threads)[0])
-        # streaming bandwidth from memory: between writing a slot and reading it the layers' weights
-        # (4 MB per layer at width 256) pass through the caches, so the routing streams from DRAM
-        bw_ws = bw
-        for lab in labels:
-            cfg = bench_cfg(sh, lab, dev, seq)
+        cfgs = {lab: bench_cfg(sh, lab, dev, seq) for lab in labels}
+        alone = time_alone(cfgs, batch, seq, dev, 1 if quick else max(3, 160 // sh.n_layers), _clock(dev, threads)[0])
+        for lab, cfg in cfgs.items():
             fl = flops_per_token(cfg, seq)
+            # at DRAM bandwidth: between writing a slot and reading it the layers' weights (4 MB per
+            # layer at width 256) pass through the caches
             traffic = bench_mem.routing_traffic(cfg, batch, seq, 2 if amp else 4)
-            floor_ms = None if traffic is None else 1e3 * traffic / (bw_ws * 1e9)
+            floor_ms = None if traffic is None else 1e3 * traffic / (bw * 1e9)
             rows.append({"router": lab.split("/")[0], "impl": "concat" if lab == PEER else "buffer",
                          "label": lab, "shape": sh.name, "n_layers": sh.n_layers, "kv_heads": sh.n_kv_heads,
                          **timed[lab], "overhead_pct": 100 * (timed[lab]["ratio"] - 1),
@@ -347,7 +343,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
                          "alone_pct": 100 * 1e3 * alone[lab] / base_ms,
                          "routing_gflops": 3 * fl["routing"] * batch * seq / alone[lab] / 1e9 if alone[lab] else None,
                          "body_gflops": 3 * fl["base"] * batch * seq / (base_ms / 1e3) / 1e9,
-                         "routing_mb": None if traffic is None else traffic / 2**20, "bw_gbs": bw_ws,
+                         "routing_mb": None if traffic is None else traffic / 2**20, "bw_gbs": bw,
                          "bw_floor_pct": None if floor_ms is None else 100 * floor_ms / base_ms, "cfg": cfg})
     if memory:
         if quick:  # in-process high-water marks; the subprocess path once, for the first none
@@ -426,13 +422,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = run_bench(**kw)
+    print_summary(run_bench(**kw))
+    return 0
+
+
+def print_summary(out: dict) -> None:
+    """The files written and the count of passed checks (both command lines)."""
     for p in out["paths"]:
         print(f"wrote {p}")
-    failed = [c for c in out["checks"] if not c["ok"]]
-    print(f"{len(out['checks']) - len(failed)}/{len(out['checks'])} checks pass; "
-          f"{out['machine']['seconds']:.0f} s")
-    return 0
+    n_ok = sum(c["ok"] for c in out["checks"])
+    print(f"{n_ok}/{len(out['checks'])} checks pass; {out['machine']['seconds']:.0f} s")
 
 
 if __name__ == "__main__":

@@ -55,6 +55,16 @@ def _reset_hwm() -> bool:
         return False
 
 
+def rss_peak(fn) -> tuple[int, int] | None:
+    """(RSS high-water mark during ``fn()``, RSS before it) in bytes; None where the mark cannot be
+    reset (no writable /proc/self/clear_refs)."""
+    if not _reset_hwm():
+        return None
+    before = _read_status()["VmRSS"]
+    fn()
+    return _read_status()["VmHWM"], before
+
+
 def measure_in_process(case: dict) -> dict:
     """Peak memory of one training step of ``case`` in this process (see the module docstring)."""
     import gc
@@ -74,11 +84,10 @@ def measure_in_process(case: dict) -> dict:
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_allocated(dev)
         return {"peak_mb": peak / 2**20, "step_mb": (peak - before) / 2**20, "method": "cuda max_memory_allocated"}
-    if not _reset_hwm():
+    got = rss_peak(step)
+    if got is None:
         raise RuntimeError("/proc/self/clear_refs is not writable: cannot reset the RSS high-water mark")
-    before = _read_status()["VmRSS"]
-    step()
-    peak = _read_status()["VmHWM"]
+    peak, before = got
     return {"peak_mb": peak / 2**20, "step_mb": (peak - before) / 2**20,
             "method": f"VmHWM after clear_refs, MALLOC_MMAP_THRESHOLD_={os.environ.get('MALLOC_MMAP_THRESHOLD_', 'default')}"}
 
@@ -95,11 +104,6 @@ def finish_subprocess(proc: subprocess.Popen, timeout: float = 900.0) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"memory worker failed ({proc.returncode}): {err[-2000:]}")
     return json.loads(out.strip().splitlines()[-1])
-
-
-def measure_subprocess(case: dict, timeout: float = 900.0) -> dict:
-    """``measure_in_process`` in a fresh interpreter with the mmap threshold set."""
-    return finish_subprocess(start_subprocess(case), timeout)
 
 
 def measure_many(cases: list[dict], workers: int = 2) -> list[dict]:

@@ -81,6 +81,12 @@ Tensor = torch.Tensor
 SMALL_N = 4096  # below this many columns (D * N) no-grad routing takes the few-ops list path
 
 
+def _split_small(out: Tensor, B: int, T: int, R: int, Hd: int) -> tuple[Tensor, Tensor]:
+    """Routed (R, B*T*2Hd) rows of [K|V] -> K, V as (B, R, T, Hd) views."""
+    size, stride = (B, R, T, Hd), (T * 2 * Hd, B * T * 2 * Hd, 2 * Hd, 1)
+    return out.as_strided(size, stride), out.as_strided(size, stride, Hd)
+
+
 class IdentityMixer:
     def __init__(self, router: Router):
         self.router = router
@@ -194,8 +200,7 @@ class BufferMixer:
                 out = torch.mm(ws[0], runs[0][2])
                 for a, (_, _, x) in zip(ws[1:], runs[1:]):
                     out.addmm_(a, x)
-            size, stride = (B, R, T, Hd), (T * 2 * Hd, B * T * 2 * Hd, 2 * Hd, 1)
-            return out.as_strided(size, stride), out.as_strided(size, stride, Hd)
+            return _split_small(out, B, T, R, Hd)
         self.kvs.append(torch.cat((k, v), dim=-1).permute(2, 0, 1, 3))  # (R, B, T, 2Hd) view
         if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)
@@ -212,8 +217,7 @@ class BufferMixer:
             out = torch.bmm(w.unsqueeze(1), x.view(len(src), R, -1).transpose(0, 1)).view(R, -1)
         else:  # (R, |S|R)
             out = torch.mm(w, x.view(len(src) * R, -1))  # (R, B*T*2Hd)
-        size, stride = (B, R, T, Hd), (T * 2 * Hd, B * T * 2 * Hd, 2 * Hd, 1)
-        return out.as_strided(size, stride), out.as_strided(size, stride, Hd)
+        return _split_small(out, B, T, R, Hd)
 
 
 class ConcatMixer:

@@ -149,7 +149,7 @@ class Layout:
         self.R, self.Hd = R, router.head_dim
         self.rs = 1 if self.kind == "diag" else R
         self.mo = 1 if self.kind == "diag" else R
-        self.cache: dict[tuple, tuple] = {}  # (id(param), n_pre) -> (param, w3, old-slot cols, in-block cols)
+        self.cache: dict[tuple, tuple] = {}  # (id(param), tag) -> (param, data_ptr, dtype, views)
         # read the parameters straight from the list: the base class's weight(l) is the parameter
         # itself, and a same-head router's parameter (R, |S|) is the diagonal the product needs
         self.direct = router.learned and (type(router).weight is Router.weight or self.kind == "diag")
@@ -162,32 +162,31 @@ class Layout:
             return w.permute(2, 0, 1).contiguous()
         return w.unsqueeze(1)  # diag: the same-head parameter (R, |S|) -> (R, 1, |S|)
 
-    def views(self, w: Tensor, n_pre: int) -> tuple[Tensor, Tensor]:
-        """(old-slot columns, in-block columns) of ``w3(w)``; memoised for a parameter used as it
-        is (valid while its storage is: ``.data`` replaced, e.g. by ``.double()``, recomputes)."""
-        key = (id(w), n_pre)
-        memo = self.kind != "perdim" and isinstance(w, torch.nn.Parameter)
-        c = self.cache.get(key) if memo else None
-        if c is not None and c[0] is w and c[1].data_ptr() == w.data_ptr() and c[1].dtype == w.dtype:
-            return c[2], c[3]
-        with torch.no_grad():
-            w3 = self.w3(w)
-            cut = n_pre * self.rs
-            out = (w3[:, :, :cut], w3[:, :, cut:] if n_pre else w3)
-        if memo:
-            self.cache[key] = (w, w3, *out)
-        return out
-
-    def col_slices(self, w: Tensor, runs: list) -> list[Tensor]:
-        """``w[:, c0:c1]`` per run, memoised for a parameter like ``views`` (decode's few-token path)."""
-        key = (id(w), "cols")
+    def _memo(self, w: Tensor, tag, build, views: bool = True):
+        """``build()`` (under no_grad), memoised per parameter and ``tag`` while it is a set of views
+        of the parameter's current storage (``.data`` replaced, e.g. by ``.double()``, rebuilds;
+        in-place optimizer updates show through the views)."""
+        key = (id(w), tag)
         c = self.cache.get(key)
         if c is not None and c[0] is w and c[1] == w.data_ptr() and c[2] == w.dtype:
             return c[3]
-        out = [w[:, c0:c1] for c0, c1, _ in runs]
-        if isinstance(w, torch.nn.Parameter):
+        with torch.no_grad():
+            out = build()
+        if views and isinstance(w, torch.nn.Parameter):
             self.cache[key] = (w, w.data_ptr(), w.dtype, out)
         return out
+
+    def views(self, w: Tensor, n_pre: int) -> tuple[Tensor, Tensor]:
+        """(old-slot columns, in-block columns) of ``w3(w)``. Per-dim's ``w3`` is a contiguous
+        copy, not a view, so it is rebuilt every time."""
+        def build():
+            w3, cut = self.w3(w), n_pre * self.rs
+            return w3[:, :, :cut], (w3[:, :, cut:] if n_pre else w3)
+        return self._memo(w, n_pre, build, views=self.kind != "perdim")
+
+    def col_slices(self, w: Tensor, runs: list) -> list[Tensor]:
+        """``w[:, c0:c1]`` per run (decode's few-token path of linear routers)."""
+        return self._memo(w, "cols", lambda: [w[:, c0:c1] for c0, c1, _ in runs])
 
     def grad_w(self, g3: Tensor, dtype: torch.dtype) -> Tensor:
         """A (D, Mo, |S|*rs) gradient back in the router weight's shape."""

@@ -43,15 +43,13 @@ class Pool:
         self.order: list[tuple] = []
         self.max_tensors = max_tensors
 
-    def get(self, shape, like: Tensor, zero: bool = False) -> Buf:
+    def get(self, shape, like: Tensor) -> Buf:
+        """An uninitialised tensor of ``shape`` (``like``'s dtype and device), reused where possible."""
         key = (tuple(shape), like.dtype, like.device)
         if like.device.type == "cpu" and self.free.get(key):
             self.order.remove(key)
-            b = self.free[key].pop()
-            if zero:
-                b.t.zero_()
-            return b
-        return Buf(like.new_zeros(shape) if zero else like.new_empty(shape))
+            return self.free[key].pop()
+        return Buf(like.new_empty(shape))
 
     def put(self, b: Buf | None) -> None:
         if b is None or b.t.device.type != "cpu":
@@ -291,36 +289,25 @@ class BufferState:
         grad = self.gradb
         if blk.u_index is None:
             _, _, r0, r1 = blk.u_runs[0]
-            fresh = self._grad_upto(r0, r1)  # rows [r0, r1) hold nothing yet: write, do not add
+            fresh = r0 >= self.grad_hi  # rows [r0, r1) hold nothing yet: write, do not add
+            self._grad_zero_to(r0 if fresh else r1)
             if D == 1:
                 dst = grad.rows(r0, r1)
                 torch.bmm(Wp.transpose(1, 2), gP, out=dst) if fresh else dst.baddbmm_(Wp.transpose(1, 2), gP)
             else:  # a batch dimension (strided rows): product, then add
                 upd = torch.bmm(Wp.transpose(1, 2), gP)
                 grad.rows(r0, r1).copy_(upd) if fresh else grad.rows(r0, r1).add_(upd)
+            self.grad_hi = max(self.grad_hi, r1)
         else:  # gathered rows
-            self._grad_upto(blk.U[-1] * rs + rs, None)
+            self._grad_zero_to(blk.U[-1] * rs + rs)
             grad.t.index_add_(1, blk.u_index.to(grad.t.device), torch.bmm(Wp.transpose(1, 2), gP))
         return w_grads
 
-    def _grad_upto(self, r0: int, r1: int | None) -> bool:
-        """Extend the valued rows of gradb to cover [r0, r1) (r1 None: [0, r0), zero-filled).
-        True when [r0, r1) held nothing, so the caller writes instead of adding."""
-        hi, t = self.grad_hi, self.gradb.t
-        if r1 is None:
-            if r0 > hi:
-                t[:, hi:r0].zero_()
-                self.grad_hi = r0
-            return False
-        if r0 >= hi:
-            if r0 > hi:
-                t[:, hi:r0].zero_()
-            self.grad_hi = r1
-            return True
-        if r1 > hi:
-            t[:, hi:r1].zero_()
-            self.grad_hi = r1
-        return False
+    def _grad_zero_to(self, r: int) -> None:
+        """Zero-fill gradb's rows [grad_hi, r): afterwards every row below r holds a value."""
+        if r > self.grad_hi:
+            self.gradb.t[:, self.grad_hi:r].zero_()
+            self.grad_hi = r
 
     def end_block(self, b: int) -> None:
         """Every slot of block b has its gradient and its prefix is done: free G_b and W_in."""

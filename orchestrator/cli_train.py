@@ -87,15 +87,12 @@ def cmd_train(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from lime_arch.bench import options, run_bench
+    from lime_arch.bench import options, print_summary, run_bench
 
     kw = options(args)  # ConfigError -> one line, exit 2, before anything runs
     out = run_bench(**kw)
-    paths = [p for p in out.get("paths", [])]
-    for p in paths:
-        print(f"wrote {p}")
-    failed = [c for c in out["checks"] if not c["ok"]]
-    print(f"{len(out['checks']) - len(failed)}/{len(out['checks'])} checks pass; {out['machine']['seconds']:.0f} s")
+    print_summary(out)
+    paths = out["paths"]
     if not args.no_track:
         from .tracking import RunLogger
 
@@ -110,7 +107,7 @@ def cmd_bench(args) -> int:
         for d in out["decode"]:
             metrics[f"bench/decode_ratio/{d['router']}.b{d['batch']}"] = float(d["ratio"])
             metrics[f"bench/decode_tok_s/{d['router']}.b{d['batch']}"] = float(d["tok_s"])
-        metrics["bench/checks_passed"] = float(len(out["checks"]) - len(failed))
+        metrics["bench/checks_passed"] = float(sum(c["ok"] for c in out["checks"]))
         log.log_metrics(metrics, step=0, flush=True)
         for p in paths:
             log.log_artifact(p)
