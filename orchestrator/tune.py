@@ -31,18 +31,10 @@ from typing import Any
 from lime_arch import ConfigError
 
 from .spec import SweepSpec, load_spec
-from .tune_view import _largest, dry_run_text, fmt_time, ray_trials, status_text  # noqa: F401
+from .tune_view import _largest, dry_run_text, experiment_dir, fmt_time, ray_trials, status_text
 
 STATE_FILE = "lime_sweep.json"
 log = logging.getLogger(__name__)
-
-
-def results_root() -> Path:
-    return Path(os.environ.get("LIME_RESULTS") or "results").resolve()
-
-
-def experiment_dir(name: str, results: str | Path | None = None) -> Path:
-    return (Path(results).resolve() if results else results_root()) / "ray" / name
 
 
 def _metric_mode(metric: str) -> str:

@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
 
 from .spec import SweepSpec, estimate, human, vocab_for
+
+
+def results_root() -> Path:
+    return Path(os.environ.get("LIME_RESULTS") or "results").resolve()
+
+
+def experiment_dir(name: str, results: str | Path | None = None) -> Path:
+    return (Path(results).resolve() if results else results_root()) / "ray" / name
 
 
 def fmt_time(s: float) -> str:
@@ -25,7 +34,7 @@ def fmt_time(s: float) -> str:
 def dry_run_text(spec: SweepSpec) -> str:
     r = spec.resources
     lines = [f"sweep {spec.name}: {spec.description}",
-             f"file: {spec.path or '-'}   results: {_experiment_dir(spec.name)}",
+             f"file: {spec.path or '-'}   results: {experiment_dir(spec.name)}",
              f"resources per trial: cpu {r.cpu:g}, gpu {r.gpu:g}   max concurrent: "
              f"{spec.max_concurrent or 'as resources allow'}   max failures: {spec.max_failures}"]
     if spec.search is None:
@@ -83,7 +92,7 @@ def status_text(name: str) -> str:
 
     cl = client()
     exp = cl.get_experiment_by_name(name)
-    exp_dir = _experiment_dir(name)
+    exp_dir = experiment_dir(name)
     saved = ray_trials(exp_dir)
     if exp is None and not saved:
         raise ConfigError(f"sweep {name!r}: no MLflow experiment in {tracking_uri()} and no Ray results in {exp_dir}")
@@ -130,8 +139,3 @@ def ray_trials(exp_dir: Path) -> dict[str, str]:
     except Exception:  # noqa: BLE001 - a format from another Ray version: MLflow alone is enough
         return {}
 
-
-def _experiment_dir(name: str) -> Path:
-    from .tune import experiment_dir
-
-    return experiment_dir(name)
