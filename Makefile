@@ -8,7 +8,7 @@ SWEEP   ?= default
 PYTEST_ARGS ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install test test-all sweep report bench mlflow-ui clean
+.PHONY: install lint test test-all sweep report bench mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,10 +19,13 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: $(STAMP) lint
 	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 sweep: $(STAMP)

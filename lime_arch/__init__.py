@@ -1,14 +1,32 @@
 """lime_arch: a depth-configurable LLaMA-style decoder with LIMe routing (the model library).
 
-Nothing here imports from ``orchestrator``."""
-from .accounting import flops_per_token, param_counts, routing_overhead
-from .config import PRESETS, ModelConfig, preset
-from .errors import ConfigError
-from .generate import generate
-from .model import KVCache, LIMeDecoder, build_model
-from .optim import param_groups
-from .routers import ROUTERS, Router, build_router, parse_router, register_router
+Nothing here imports from ``orchestrator``. The public names below load lazily (PEP 562), so
+``from lime_arch.errors import ConfigError`` does not import torch: torch-free layers (reports,
+statistics, sweep-file checks) can share the one error type.
+"""
+from __future__ import annotations
 
-__all__ = ["ConfigError", "ModelConfig", "PRESETS", "preset", "ROUTERS", "Router", "register_router",
-           "parse_router", "build_router", "LIMeDecoder", "build_model", "KVCache", "generate",
-           "param_groups", "param_counts", "flops_per_token", "routing_overhead"]
+import importlib
+
+_EXPORTS = {
+    "ConfigError": "lime_arch.errors",
+    "ModelConfig": "lime_arch.config", "PRESETS": "lime_arch.config", "preset": "lime_arch.config",
+    "ROUTERS": "lime_arch.routers", "Router": "lime_arch.routers", "register_router": "lime_arch.routers",
+    "parse_router": "lime_arch.routers", "build_router": "lime_arch.routers",
+    "LIMeDecoder": "lime_arch.model", "build_model": "lime_arch.model", "KVCache": "lime_arch.model",
+    "generate": "lime_arch.generate",
+    "param_groups": "lime_arch.optim",
+    "param_counts": "lime_arch.accounting", "flops_per_token": "lime_arch.accounting",
+    "routing_overhead": "lime_arch.accounting",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'lime_arch' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

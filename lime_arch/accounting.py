@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
-from .routers import Router, build_router
+from lime_arch.config import ModelConfig
+from lime_arch.routers import Router, build_router
 
 
 def _router(cfg: ModelConfig) -> Router:

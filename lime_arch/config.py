@@ -7,10 +7,11 @@ overridden, and unknown or inconsistent fields raise ``ConfigError`` naming the 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import Any, Callable
+from typing import Any
 
-from .errors import ConfigError
+from lime_arch.errors import ConfigError
 
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 ROUTER_INITS = ("paper", "identity")
@@ -66,7 +67,7 @@ class ModelConfig:
                 raise ConfigError(f"model.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"model.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
-        from .routers import parse_router  # late import: routers import this module
+        from lime_arch.routers import parse_router  # late import: routers import this module
 
         parse_router(self.router)  # raises ConfigError listing the registered routers
 
@@ -78,11 +79,11 @@ class ModelConfig:
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
-    def replace(self, **overrides: Any) -> "ModelConfig":
+    def replace(self, **overrides: Any) -> ModelConfig:
         return ModelConfig.from_dict({**dataclasses.asdict(self), **overrides})
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any]) -> ModelConfig:
         known = {f.name for f in fields(cls)}
         for k in d:
             if k not in known:

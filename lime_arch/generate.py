@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .model import KVCache, LIMeDecoder
+from lime_arch.model import KVCache, LIMeDecoder
 
 
 @torch.no_grad()

@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .kvbuffer import make_mixer
-from .routers import Router, build_router
+from lime_arch.config import ModelConfig
+from lime_arch.routers import Router, build_router
+from lime_arch.routing.mixers import make_mixer
 
 log = logging.getLogger("lime_arch")
 Tensor = torch.Tensor

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from .errors import ConfigError
+from lime_arch.errors import ConfigError
 
 
 def param_groups(model: nn.Module, *, lr: float, weight_decay: float, router_lr: float | None = None,

@@ -21,9 +21,9 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from .errors import ConfigError
+from lime_arch.errors import ConfigError
 
-ROUTERS: dict[str, type["Router"]] = {}
+ROUTERS: dict[str, type[Router]] = {}
 
 
 def register_router(name: str, takes_arg: bool = False):
@@ -39,7 +39,7 @@ def _registered() -> str:
     return ", ".join(f"{n}-<int>" if c.takes_arg else n for n, c in ROUTERS.items())
 
 
-def parse_router(spec: str) -> tuple[type["Router"], int | None]:
+def parse_router(spec: str) -> tuple[type[Router], int | None]:
     """'first-4' -> (FirstRouter, 4). Unknown names or bad integers raise ConfigError."""
     if not isinstance(spec, str):
         raise ConfigError(f"model.router: must be a string, got {spec!r}; registered: {_registered()}")
@@ -56,7 +56,7 @@ def parse_router(spec: str) -> tuple[type["Router"], int | None]:
     raise ConfigError(f"model.router: unknown router {spec!r}; registered: {_registered()}")
 
 
-def build_router(spec: str, *, n_layers: int, n_kv_heads: int, head_dim: int, init: str = "paper") -> "Router":
+def build_router(spec: str, *, n_layers: int, n_kv_heads: int, head_dim: int, init: str = "paper") -> Router:
     cls, arg = parse_router(spec)
     return cls(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, arg=arg, init=init)
 

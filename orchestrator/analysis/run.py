@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .capture import capture
-from .metrics import expected_source_layer, layer_entropies, probe_accuracy, router_source_map
+from orchestrator.analysis.capture import capture
+from orchestrator.analysis.metrics import expected_source_layer, layer_entropies, probe_accuracy, router_source_map
 
 log = logging.getLogger("lime.analysis")
 DEFAULT_WORDS = ("is", "are", "was", "were")

@@ -6,11 +6,11 @@ examples whose prompts never occur in two splits; ``task.encode`` gives ids and 
 loss mask; ``task.score`` exact-matches the answer extracted from a generation. See ``base`` for
 the shared conventions and each task module for its format.
 """
-from . import arithmetic, kv_recall, prosqa  # noqa: F401  (imported to register the tasks)
-from .arithmetic import ArithmeticTask, reduce_expression
-from .base import SPLITS, TASKS, CharVocab, Example, Task, make_task, register_task, split_of
-from .kv_recall import KVRecallTask
-from .prosqa import ProsQATask
+from orchestrator.tasks import arithmetic, kv_recall, prosqa  # noqa: F401  (imported to register the tasks)
+from orchestrator.tasks.arithmetic import ArithmeticTask, reduce_expression
+from orchestrator.tasks.base import SPLITS, TASKS, CharVocab, Example, Task, make_task, register_task, split_of
+from orchestrator.tasks.kv_recall import KVRecallTask
+from orchestrator.tasks.prosqa import ProsQATask
 
 __all__ = [
     "SPLITS", "TASKS", "ArithmeticTask", "CharVocab", "Example", "KVRecallTask", "ProsQATask", "Task",

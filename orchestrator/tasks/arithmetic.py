@@ -34,11 +34,10 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from lime_arch.errors import ConfigError
-
-from .base import CharVocab, Example, Task, check_int, register_task
+from orchestrator.tasks.base import CharVocab, Example, Task, check_int, register_task
 
 NEG = "~"
 _PREC = {"+": 1, "-": 1, "*": 2, "/": 2}
@@ -54,12 +53,12 @@ class Num:
 @dataclass(frozen=True)
 class BinOp:
     op: str
-    left: "Node"
-    right: "Node"
+    left: Node
+    right: Node
     paren: bool = False  # written in parentheses in the parsed input
 
 
-Node = Union[Num, BinOp]
+Node = Num | BinOp
 
 
 def apply_op(op: str, a: int, b: int) -> int:

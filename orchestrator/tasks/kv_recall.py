@@ -19,8 +19,7 @@ import string
 from typing import Any
 
 from lime_arch.errors import ConfigError
-
-from .base import CharVocab, Example, Task, check_int, register_task
+from orchestrator.tasks.base import CharVocab, Example, Task, check_int, register_task
 
 _ANSWER_RE = re.compile(r"[0-9]+")
 

@@ -36,8 +36,7 @@ from collections import deque
 from typing import Any
 
 from lime_arch.errors import ConfigError
-
-from .base import CharVocab, Example, Task, check_int, register_task
+from orchestrator.tasks.base import CharVocab, Example, Task, check_int, register_task
 
 _CONSONANTS = "bdfgklmnprstvz"
 _VOWELS = "aeiou"

@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from lime_arch import ROUTERS, build_model, preset
-from lime_arch import kvbuffer, kvplan
-from lime_arch.bench import QUICK_SHAPES, ROUTERS as BENCH_ROUTERS, PEER, run_bench
-from lime_arch.bench_mem import routing_traffic
-from lime_arch.kvbuffer import make_mixer
 from lime_arch.routers import build_router
+from lime_arch.routing import mixers as kvbuffer
+from lime_arch.routing import plan as kvplan
+from lime_arch.routing.mixers import make_mixer
+from orchestrator.bench.memory import routing_traffic
+from orchestrator.bench.run import PEER, QUICK_SHAPES, run_bench
+from orchestrator.bench.run import ROUTERS as BENCH_ROUTERS
 
 L, HD, B, T = 9, 4, 2, 3
 SPECS = [f"{n}-{a}" if c.takes_arg else n for n, c in ROUTERS.items() for a in ((2, 4) if c.takes_arg else (None,))]
@@ -225,7 +227,7 @@ def test_decoding_routers_alternately_share_no_state():
 
 def test_median_ci_is_the_sign_test_interval():
     """Order statistics from the binomial table: n=20 -> 6th and 15th, n=10 -> 2nd and 9th, n=5 -> range."""
-    from lime_arch.bench import median_ci
+    from orchestrator.bench.run import median_ci
     xs = [float(i) for i in range(1, 21)]
     assert median_ci(xs[::-1]) == (6.0, 15.0)
     assert median_ci(xs[:10]) == (2.0, 9.0)
@@ -233,7 +235,7 @@ def test_median_ci_is_the_sign_test_interval():
 
 
 def test_paired_times_put_every_variant_between_two_baseline_steps():
-    from lime_arch.bench import paired_times
+    from orchestrator.bench.run import paired_times
     seq = []
     cost = {"none": 2.0, "a": 3.0, "b": 1.0}
     t = [0.0]

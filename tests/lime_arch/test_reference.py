@@ -3,13 +3,11 @@ import math
 
 import pytest
 import torch
+from routers_expected import expected_sources, router_specs
 
 from lime_arch import build_model, preset
 from lime_arch.generate import generate
 from lime_arch.model import KVCache
-
-from routers_expected import expected_sources, router_specs
-
 
 
 @pytest.fixture(autouse=True)

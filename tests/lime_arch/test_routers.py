@@ -1,11 +1,10 @@
 import pytest
 import torch
+from routers_expected import expected_sources, router_specs
 
 from lime_arch import ConfigError, build_model, param_counts, preset
-from lime_arch.kvbuffer import make_mixer
 from lime_arch.routers import build_router
-
-from routers_expected import expected_sources, router_specs
+from lime_arch.routing.mixers import make_mixer
 
 SPECS = router_specs()
 KV = [4, 2]  # MHA and GQA on the tiny preset (4 heads)

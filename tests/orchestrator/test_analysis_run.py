@@ -5,9 +5,10 @@ import torch
 from lime_arch import build_model, preset
 from orchestrator.analysis.capture import capture
 from orchestrator.analysis.run import analyze_model, word_positions
-from orchestrator.config import DataConfig, TrialConfig
-from orchestrator.data import ByteTokenizer, make_batches
-from orchestrator.train import Tracking, run_trial
+from orchestrator.engine.config import DataConfig, TrialConfig
+from orchestrator.engine.data import make_batches
+from orchestrator.engine.data.corpus import ByteTokenizer
+from orchestrator.engine.train import Tracking, run_trial
 
 
 @pytest.mark.parametrize("router", ["none", "full", "per-dim"])

@@ -36,7 +36,8 @@ def test_empty_corpus_exit_2(tmp_path, capsys):
 def test_train_cli_end_to_end(tmp_path, mlflow_uri):
     cfg = tmp_path / "trial.yaml"
     cfg.write_text("preset: tiny\nmodel: {n_layers: 2, d_model: 32, n_heads: 2, ffn_dim: 64}\n"
-                   "train: {steps: 6, batch_size: 2, seq_len: 16, log_interval: 3, eval_interval: 3, eval_batches: 1}\n")
+                   "train: {steps: 6, batch_size: 2, seq_len: 16, log_interval: 3, eval_interval: 3, "
+                   "eval_batches: 1}\n")
     p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", "--config", str(cfg), "--router", "full",
                         "--set", "optim.lr=1e-3"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stderr

@@ -19,11 +19,11 @@ import pandas as pd
 import pytest
 
 from lime_arch.errors import ConfigError
-from orchestrator import tracking
 from orchestrator.cli import main as cli_main
-from orchestrator.config import TrialConfig
-from orchestrator.report import (build_report, cast_param, cmd_report, load_runs, mean_router_map,
-                                 router_map_from_npz)
+from orchestrator.cli.report import cmd_report
+from orchestrator.core import tracking
+from orchestrator.engine.config import TrialConfig
+from orchestrator.report.build import build_report, cast_param, load_runs, mean_router_map, router_map_from_npz
 
 SWEEP = "report-test-routers"
 DEPTH = "report-test-depth"
@@ -104,7 +104,7 @@ def add_trial(cl, exp_id: str, parent: str | None, sweep: str, router: str, seed
 
 def fill_router_sweep(cl) -> str:
     exp = tracking.experiment_id(SWEEP, cl)
-    # like orchestrator.tune: the parent carries sweep_role=parent and the launched sweep file
+    # like orchestrator.sweep.driver: the parent carries sweep_role=parent and the launched sweep file
     parent = cl.create_run(exp, start_time=T0, run_name=SWEEP,
                            tags={"sweep": SWEEP, "sweep_role": "parent"}).info.run_id
     with tempfile.TemporaryDirectory() as d:
@@ -332,7 +332,7 @@ def test_unknown_sweep_and_bad_metric(store, tmp_path, capsys):
 
 
 def test_router_heatmap_is_the_mean_over_seeds_of_logged_weights(router_sweep, store):
-    from orchestrator.report_plots import router_maps
+    from orchestrator.report.plots import router_maps
 
     f = router_sweep["runs"].frame
     ids = list(f[(f["router"] == "full") & (f["status"] == "finished")]["run_id"])

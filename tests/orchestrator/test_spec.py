@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from lime_arch import ConfigError
-from orchestrator.spec import ALIASES, load_spec, parse_spec, trial_dirname
+from orchestrator.sweep.spec import ALIASES, load_spec, parse_spec, trial_dirname
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
@@ -48,7 +48,7 @@ def test_the_sweeps_folder_has_the_default_and_paper_sweeps():
 @pytest.mark.parametrize("path", SWEEPS, ids=[p.stem for p in SWEEPS])
 def test_shipped_sweep_validates_and_dry_runs(path, monkeypatch, tmp_path):
     monkeypatch.setenv("LIME_RESULTS", str(tmp_path / "results"))
-    from orchestrator.tune import dry_run_text
+    from orchestrator.sweep.view import dry_run_text
 
     spec = load_spec(path)
     assert spec.name == path.stem
@@ -149,7 +149,7 @@ def test_search_block_parses_with_seeds_from_the_grid(tmp_path):
     assert spec.expand() == [] and "seed" not in spec.grid
     cfg = spec.trial_config({"lr": 1e-3, "router_lr_mult": 2.0, "n_layers": 3, "router": "full", "__trial_index__": 1})
     assert cfg.train.seed == 4 and cfg.model["n_layers"] == 3 and cfg.optim.router_lr_mult == 2.0
-    from orchestrator.tune import dry_run_text
+    from orchestrator.sweep.view import dry_run_text
 
     assert "Optuna" in dry_run_text(spec)
 

@@ -229,7 +229,8 @@ def test_splits_disjoint_in_a_small_space() -> None:
     # test would collide; disjointness must come from the partition, for every seed pair.
     task = make_task("arithmetic", n_ops=[2])
     train = {ex.prompt for seed in range(3) for ex in task.generate("train", 100, seed)}
-    held = {split: {ex.prompt for seed in range(3) for ex in task.generate(split, 8, seed)} for split in ("val", "test")}
+    held = {split: {ex.prompt for seed in range(3) for ex in task.generate(split, 8, seed)}
+            for split in ("val", "test")}
     assert len(train) > 120 and len(held["val"]) >= 8 and len(held["test"]) >= 8
     assert not train & held["val"] and not train & held["test"] and not held["val"] & held["test"]
 

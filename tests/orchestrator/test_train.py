@@ -4,9 +4,9 @@ from collections import Counter
 import pytest
 import torch
 
-from orchestrator.config import TrialConfig
-from orchestrator.data import make_batches
-from orchestrator.train import Tracking, lr_multiplier, run_trial
+from orchestrator.engine.config import TrialConfig
+from orchestrator.engine.data import make_batches
+from orchestrator.engine.train import Tracking, lr_multiplier, run_trial
 
 OFF = Tracking(enabled=False)
 
@@ -144,7 +144,7 @@ def test_vocab_follows_tokenizer_unless_set():
 
 
 def test_checkpoint_loads_with_weights_only(tmp_path):
-    res = run_trial(tiny(steps=5, checkpoint_dir=str(tmp_path)), tracking=OFF)
+    run_trial(tiny(steps=5, checkpoint_dir=str(tmp_path)), tracking=OFF)
     ck = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
     assert ck["step"] == 5 and "optimizer" in ck and "rng" in ck
     assert not list(tmp_path.glob(".ckpt-*"))  # no temp file left behind

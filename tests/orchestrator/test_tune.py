@@ -79,7 +79,7 @@ def _trainings(log: str) -> int:
 
 
 def _ray_status(d: Path, name: str) -> dict:
-    from orchestrator.tune import ray_trials
+    from orchestrator.sweep.view import ray_trials
 
     return ray_trials(d / "results" / "ray" / name)
 
@@ -122,7 +122,7 @@ def test_local_sweep_nested_mlflow_runs_and_a_fault_retried_from_its_checkpoint(
     assert log.count("=== ") == 2  # the first attempt and the retry, in one log
     assert "resuming" not in _trial_log(d, name, "router=none,seed=1")
 
-    from orchestrator.tune import status_text
+    from orchestrator.sweep.view import status_text
 
     os.environ["MLFLOW_TRACKING_URI"], saved = env["MLFLOW_TRACKING_URI"], os.environ.get("MLFLOW_TRACKING_URI")
     os.environ["LIME_RESULTS"], saved_res = env["LIME_RESULTS"], os.environ.get("LIME_RESULTS")
@@ -162,13 +162,15 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
                 break
             time.sleep(0.1)
     finally:
-        os.kill(p.pid, signal.SIGKILL)  # the driver only, as a crash would
-        p.wait()
-        time.sleep(3)
+        # the driver and its local Ray together, as a crash of the machine would; a pause in between
+        # lets the long trial finish on an idle machine (300 tiny steps take ~3 s), and then there
+        # is nothing left to resume
+        os.kill(p.pid, signal.SIGKILL)
         try:
-            os.killpg(p.pid, signal.SIGKILL)  # leftovers of its local Ray (they die with it anyway)
+            os.killpg(p.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        p.wait()
         log1.close()
     assert caught, "the driver was not caught mid-sweep:\n" + (d / "kill-run1.log").read_text()[-3000:]
     state1 = json.loads((d / "results" / "ray" / name / "lime_sweep.json").read_text())
@@ -207,8 +209,8 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
 def test_a_crash_between_checkpoints_resumes_without_duplicate_steps(store, monkeypatch):
     """The engine flushes its metrics when a trial dies; the retry recomputes those steps from the
     last checkpoint and must not log them twice (what a Ray retry or resume does, without Ray)."""
-    from orchestrator.config import TrialConfig
-    from orchestrator.train import Tracking, run_trial
+    from orchestrator.engine.config import TrialConfig
+    from orchestrator.engine.train import Tracking, run_trial
 
     d, env = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])

@@ -1,0 +1,89 @@
+"""The ``lime`` command line: train, sweep, report, bench, analyze.
+
+Argument definitions live here (cheap to import); each command's work is imported lazily from
+its module, so ``lime --help`` does not load Ray or MLflow. A ``ConfigError`` anywhere becomes
+one line on stderr and exit code 2, before any compute starts.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from lime_arch import ConfigError
+
+
+def _lazy(target: str):
+    mod, fn = target.rsplit(":", 1)
+    return lambda args: getattr(importlib.import_module(mod), fn)(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lime", description="LIMe architecture ablations and sweeps")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train one trial")
+    t.add_argument("--config", help="trial YAML (preset, model, data, optim, train sections)")
+    t.add_argument("--preset")
+    t.add_argument("--router")
+    t.add_argument("--data", help="data source: builtin, text, hf, arithmetic, prosqa, kv-recall")
+    t.add_argument("--steps", type=int)
+    t.add_argument("--seed", type=int)
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override any field, e.g. optim.lr=3e-3 model.n_layers=8 data.paths=[a.txt]")
+    t.add_argument("--experiment", default="lime-train", help="MLflow experiment name")
+    t.add_argument("--resume", help="checkpoint file or folder to continue from")
+    t.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    t.set_defaults(func=_lazy("orchestrator.cli.train:cmd_train"))
+
+    s = sub.add_parser("sweep", help="run or inspect a sweep")
+    ssub = s.add_subparsers(dest="sweep_command", required=True)
+    sr = ssub.add_parser("run", help="run (or resume) a sweep file with Ray Tune")
+    sr.add_argument("file")
+    sr.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
+    sr.add_argument("--dry-run", action="store_true", help="print the trials and compute; start nothing")
+    sr.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_run"))
+    ss = ssub.add_parser("status", help="trials of a sweep by state, with their MLflow run ids")
+    ss.add_argument("name")
+    ss.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_status"))
+
+    r = sub.add_parser("report", help="statistics, tables and plots of a finished sweep")
+    r.add_argument("sweep", help="sweep name (or a sweep file path)")
+    r.add_argument("--out", default="results", help="reports go to OUT/<sweep>/")
+    r.add_argument("--metric", help="metric to compare (default: the sweep file's, else final/val_loss)")
+    r.add_argument("--axis", help="axis to compare (default: the sweep file's, else router)")
+    r.add_argument("--baseline", help="baseline value of the axis (default: the sweep file's, else none)")
+    r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))
+
+    b = sub.add_parser("bench", help="step time, memory, FLOPs and decode speed of every router")
+    from orchestrator.bench.run import add_arguments  # noqa: PLC0415 - torch is imported by lime_arch anyway
+    add_arguments(b)
+    b.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
+    b.set_defaults(func=_lazy("orchestrator.cli.bench:cmd_bench"))
+
+    a = sub.add_parser("analyze", help="entropy, separability probe and router maps of checkpoints")
+    a.add_argument("checkpoints", nargs="+", help="checkpoint files or folders (label=path to name them)")
+    a.add_argument("--out", default="results/analysis")
+    a.add_argument("--alpha", type=float, default=0.5, help="Renyi entropy order")
+    a.add_argument("--sequences", type=int, default=16, help="evaluation sequences")
+    a.add_argument("--words", default="is,are,was,were", help="near-synonym words for the probe")
+    a.add_argument("--run-id", help="MLflow run to log the metrics to (default: the checkpoint's)")
+    a.set_defaults(func=_lazy("orchestrator.cli.analyze:cmd_analyze"))
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("alembic", "mlflow", "urllib3", "filelock", "matplotlib"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

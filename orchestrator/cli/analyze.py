@@ -1,0 +1,106 @@
+"""``lime analyze``: representation analysis of one or more checkpoints, side by side."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from lime_arch import ConfigError, build_model
+from orchestrator.analysis.plots import plot_entropy, plot_expected_source, plot_probe, plot_router_map
+from orchestrator.analysis.run import analyze_model
+from orchestrator.core.tracking import client
+from orchestrator.engine.config import TrialConfig
+from orchestrator.engine.data import make_batches
+from orchestrator.engine.train import load_checkpoint
+
+
+def _load(spec: str):
+    label, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    p = Path(path)
+    if not (p.is_file() or (p / "checkpoint.pt").is_file()):
+        raise ConfigError(f"checkpoints: {path!r} is not a checkpoint file or folder")
+    ck = load_checkpoint(p)
+    if "config" not in ck:
+        raise ConfigError(f"checkpoints: {path!r} has no trial config (written by an older version)")
+    cfg = TrialConfig.from_dict(ck["config"])
+    data = make_batches(cfg.data)
+    model = build_model(cfg.model_config(vocab_size=data.vocab_size))
+    model.load_state_dict(ck["model"])
+    return label or f"{cfg.model_config(vocab_size=data.vocab_size).router}", cfg, data, model, ck.get("run_id")
+
+
+def write_outputs(results: dict, out: Path) -> list[Path]:
+    """Plots across variants and a markdown table of the per-layer numbers."""
+
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [plot_entropy({k: r.value_entropy for k, r in results.items()}, out / "value_entropy.png",
+                          "Value-space Renyi entropy by layer"),
+             plot_entropy({k: r.hidden_entropy for k, r in results.items()}, out / "hidden_entropy.png",
+                          "Hidden-state Renyi entropy by layer"),
+             plot_expected_source({k: r.expected_source for k, r in results.items()}, out / "expected_source.png")]
+    probes = {k: r.value_probe for k, r in results.items() if r.value_probe is not None}
+    if probes:
+        paths.append(plot_probe(probes, out / "value_probe.png", "Value probe accuracy (is/are/was/were)"))
+        paths.append(plot_probe({k: r.hidden_probe for k, r in results.items() if r.hidden_probe is not None},
+                                out / "hidden_probe.png", "Hidden-state probe accuracy"))
+    for k, r in results.items():
+        paths.append(plot_router_map(r.source_map, out / f"router_map_{_safe(k)}.png", f"{k}: router source map"))
+    lines = ["# Representation analysis", "",
+             "| variant | layer | value entropy | hidden entropy | value probe | hidden probe | expected source |",
+             "|---|---|---|---|---|---|---|"]
+    for k, r in results.items():
+        for l in range(len(r.expected_source)):
+            vp = f"{r.value_probe[0][l]:.3f}" if r.value_probe is not None else "-"
+            hp = f"{r.hidden_probe[0][l]:.3f}" if r.hidden_probe is not None else "-"
+            lines.append(f"| {k} | {l} | {r.value_entropy[0][l]:.4f} +- {r.value_entropy[1][l]:.4f} | "
+                         f"{r.hidden_entropy[0][l]:.4f} +- {r.hidden_entropy[1][l]:.4f} | {vp} | {hp} | "
+                         f"{r.expected_source[l]:.2f} |")
+    notes = sorted({n for r in results.values() for n in r.notes})
+    if notes:
+        lines += ["", "Notes:"] + [f"- {n}" for n in notes]
+    (out / "analysis.md").write_text("\n".join(lines) + "\n")
+    paths.append(out / "analysis.md")
+    return paths
+
+
+def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> None:
+    """Add metrics to an existing (usually finished) run without touching its status."""
+    import time
+
+    from mlflow.entities import Metric
+
+    ts = int(time.time() * 1000)
+    items = [Metric(k, float(v), ts, step) for k, v in sorted(metrics.items())]
+    cl = client()
+    for i in range(0, len(items), 500):
+        cl.log_batch(run_id, metrics=items[i:i + 500])
+
+
+def _safe(s: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
+
+
+def cmd_analyze(args) -> int:
+    words = tuple(w.strip().lower() for w in args.words.split(",") if w.strip())
+    if len(words) < 2:
+        raise ConfigError("--words: need at least two comma-separated words")
+    if not args.alpha > 0:
+        raise ConfigError(f"--alpha: must be > 0, got {args.alpha}")
+    loaded = [_load(s) for s in args.checkpoints]  # every checkpoint checked before any compute
+    results = {}
+    for label, cfg, data, model, run_id in loaded:
+        if label in results:
+            raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
+        r = analyze_model(model, data, sequences=args.sequences, seq_len=cfg.train.seq_len, alpha=args.alpha,
+                          words=words)
+        results[label] = r
+        target = args.run_id or run_id
+        if target:
+            log_to_run(target, r.metrics, step=cfg.train.steps)
+            print(f"{label}: logged {len(r.metrics)} analysis metrics to MLflow run {target}")
+    paths = write_outputs(results, Path(args.out))
+    for p in paths:
+        print(f"wrote {p}")
+    mean_ve = {k: float(np.mean(r.value_entropy[0])) for k, r in results.items()}
+    print("mean value entropy by variant: " + ", ".join(f"{k}={v:.3f}" for k, v in mean_ve.items()))
+    return 0

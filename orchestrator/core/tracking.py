@@ -1,0 +1,159 @@
+"""MLflow tracking (DESIGN.md "Tracking").
+
+- The store is ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory (the
+  file store is deprecated). A new sqlite database is initialised once, under a file lock, before
+  any concurrent writer: two processes migrating a fresh database race.
+- Only ``MlflowClient`` is used, never the fluent ``set_experiment``/``start_run``: in an
+  orchestrator process those export ``MLFLOW_EXPERIMENT_ID`` and hijack later runs.
+- A ``RunLogger`` keeps one run for a trial's whole life; metrics are buffered and sent in batches.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.status import TrialStatus
+
+for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
+
+DEFAULT_URI = "sqlite:///mlflow.db"
+
+
+def tracking_uri() -> str:
+    uri = os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_URI
+    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
+        # make a relative sqlite path absolute, so Ray workers in other folders share one store
+        uri = "sqlite:///" + str(Path(uri[len("sqlite:///"):]).resolve())
+    return uri
+
+
+def client(uri: str | None = None):
+    from mlflow.tracking import MlflowClient
+
+    uri = uri or tracking_uri()
+    init_store(uri)
+    return MlflowClient(tracking_uri=uri)
+
+
+_initialised: set[str] = set()
+
+
+def init_store(uri: str) -> None:
+    """Create (migrate) a new sqlite store once, under an exclusive lock."""
+    if uri in _initialised or not uri.startswith("sqlite:"):
+        _initialised.add(uri)
+        return
+    path = Path(uri[len("sqlite:///"):])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(str(path) + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        from mlflow.tracking import MlflowClient
+
+        MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # runs the migrations
+        fcntl.flock(lock, fcntl.LOCK_UN)
+    _initialised.add(uri)
+
+
+def experiment_id(name: str, cl=None) -> str:
+    cl = cl or client()
+    exp = cl.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    art = None
+    uri = cl.tracking_uri if hasattr(cl, "tracking_uri") else tracking_uri()
+    if str(uri).startswith("sqlite:"):  # keep artifacts next to the database, not in ./mlruns
+        art = (Path(str(uri)[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
+    try:
+        return cl.create_experiment(name, artifact_location=art)
+    except Exception:  # noqa: BLE001 - created concurrently by another process
+        return cl.get_experiment_by_name(name).experiment_id
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=5).stdout.strip() or "unknown"
+    except Exception:  # noqa: BLE001
+        return "unknown"
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+    return out
+
+
+class RunLogger:
+    """One MLflow run: created, or continued when ``run_id`` is given (retries, resumes)."""
+
+    def __init__(self, experiment: str, *, run_id: str | None = None, run_name: str | None = None,
+                 tags: dict[str, Any] | None = None, parent_run_id: str | None = None, uri: str | None = None):
+        self.client = client(uri)
+        self.uri = uri or tracking_uri()
+        self._resumed = run_id is not None
+        self._logged: dict[str, int] = {}  # continued run: the last step already stored, per key
+        if run_id is not None:
+            self.run_id = run_id
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            t = {k: str(v) for k, v in (tags or {}).items()}
+            if parent_run_id:
+                t["mlflow.parentRunId"] = parent_run_id
+            run = self.client.create_run(experiment_id(experiment, self.client), run_name=run_name, tags=t)
+            self.run_id = run.info.run_id
+        self._pending: list = []
+
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, str(v))
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        existing = self.client.get_run(self.run_id).data.params
+        items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items() if k not in existing]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
+
+    def log_metrics(self, metrics: dict[str, float], step: int, flush: bool = False) -> None:
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        if self._resumed:  # a re-attempt recomputes steps an earlier attempt may have sent: never twice
+            metrics = {k: v for k, v in metrics.items() if step > self._last_logged_step(k)}
+        self._pending.extend(Metric(k, float(v), ts, step) for k, v in metrics.items())
+        if flush or len(self._pending) >= 200:
+            self.flush()
+
+    def _last_logged_step(self, key: str) -> int:
+        if key not in self._logged:
+            hist = self.client.get_metric_history(self.run_id, key)
+            self._logged[key] = max((m.step for m in hist), default=-1)
+        return self._logged[key]
+
+    def flush(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending[:1000], self._pending[1000:]
+            self.client.log_batch(self.run_id, metrics=batch)
+
+    def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
+        self.client.log_artifact(self.run_id, str(path), artifact_path)
+
+    def end(self, status: TrialStatus | str) -> None:
+        """Close the run: the trial's state as the ``status`` tag, its MLflow status from it."""
+        status = TrialStatus(status)
+        self.flush()
+        self.client.set_tag(self.run_id, "status", status.value)
+        self.client.set_terminated(self.run_id, status=status.mlflow)

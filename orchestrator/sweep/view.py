@@ -1,0 +1,140 @@
+"""What ``lime sweep`` prints without starting anything: the dry run (trials, resources, compute)
+and the status of a sweep (from MLflow and Ray's saved experiment state). No Ray import here."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from lime_arch import ConfigError
+from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
+
+
+def results_root() -> Path:
+    return Path(os.environ.get("LIME_RESULTS") or "results").resolve()
+
+
+def experiment_dir(name: str, results: str | Path | None = None) -> Path:
+    return (Path(results).resolve() if results else results_root()) / "ray" / name
+
+
+def fmt_time(s: float) -> str:
+    if not math.isfinite(s):
+        return "?"
+    s = int(s)
+    if s >= 3600:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 60}m{s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+# -- dry run --------------------------------------------------------------------------------------------
+def dry_run_text(spec: SweepSpec) -> str:
+    r = spec.resources
+    lines = [f"sweep {spec.name}: {spec.description}",
+             f"file: {spec.path or '-'}   results: {experiment_dir(spec.name)}",
+             f"resources per trial: cpu {r.cpu:g}, gpu {r.gpu:g}   max concurrent: "
+             f"{spec.max_concurrent or 'as resources allow'}   max failures: {spec.max_failures}"]
+    if spec.search is None:
+        trials = spec.trials()
+        rows = [(t.trial_id, t.config) for t in trials]
+        axes = " x ".join(f"{a} ({len(v)})" for a, v in spec.grid.items()) or "none (one trial)"
+        lines.append(f"trials: {len(trials)}   grid: {axes}")
+    else:
+        s = spec.search
+        asha = f", ASHA grace {s.asha.grace_period} steps, reduction {s.asha.reduction_factor}" if s.asha else ""
+        seeds = f"seeds {s.seeds}" if s.seeds else f"{s.repeat} seed(s) from the base seed"
+        lines.append(f"search: Optuna TPE (seed {s.seed}), {s.num_samples} samples x {seeds} = "
+                     f"{spec.n_trials()} trials, {s.metric} ({s.mode}){asha}")
+        for p in s.space.values():
+            lines.append(f"  {p.name} ({p.key}): {p.kind} {list(p.values)}")
+        hi = {n: (p.values[-1] if p.kind != "choice" else _largest(p.values)) for n, p in s.space.items()}
+        rows = [(f"(upper bound) x {spec.n_trials()}", spec.trial_config({**hi, "__trial_index__": s.repeat - 1}))]
+    first = rows[0][1]
+    vocab, src = vocab_for(first)
+    t = first.train
+    lines.append(f"data: {first.data.source} ({src}: {vocab})   checkpoint every "
+                 f"{t.checkpoint_interval} steps   torch threads per trial: {t.threads}")
+    lines.append("")
+    hdr = f"{'trial':<34} {'preset':<7} {'layers':>6} {'d_model':>7} {'router':<12} {'params':>8} " \
+          f"{'steps':>6} {'tokens':>8} {'FLOPs/tok':>9} {'train FLOPs':>11}"
+    lines += [hdr, "-" * len(hdr)]
+    total_tok = total_flops = 0.0
+    for tid, cfg in rows:
+        e = estimate(cfg)
+        m = e["model"]
+        mult = spec.n_trials() if spec.search is not None else 1
+        total_tok += e["tokens"] * mult
+        total_flops += e["train_flops"] * mult
+        lines.append(f"{tid[:34]:<34} {cfg.preset:<7} {m.n_layers:>6} {m.d_model:>7} {m.router:<12} "
+                     f"{human(e['params']):>8} {cfg.train.steps:>6} {human(e['tokens']):>8} "
+                     f"{human(e['flops_per_token']):>9} {human(e['train_flops']):>11}")
+    lines.append("")
+    lines.append(f"total: {spec.n_trials()} trials, {human(total_tok)} tokens, {human(total_flops)}FLOP "
+                 "(training = 3 x forward FLOPs/token x steps x batch x seq x grad_accum)")
+    rep = spec.report
+    lines.append(f"report: {rep.metric} by {rep.axis}, baseline {rep.baseline}")
+    lines.append("dry run: nothing was started")
+    return "\n".join(lines)
+
+
+def _largest(values) -> Any:
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return max(nums) if len(nums) == len(values) else values[-1]
+
+
+# -- status -----------------------------------------------------------------------------------------------
+def status_text(name: str) -> str:
+    """Trials by state from MLflow (runs tagged sweep=<name>) and Ray's saved experiment state."""
+    from orchestrator.core.tracking import client, tracking_uri
+
+    cl = client()
+    exp = cl.get_experiment_by_name(name)
+    exp_dir = experiment_dir(name)
+    saved = ray_trials(exp_dir)
+    if exp is None and not saved:
+        raise ConfigError(f"sweep {name!r}: no MLflow experiment in {tracking_uri()} and no Ray results in {exp_dir}")
+    lines = [f"sweep {name}: MLflow {tracking_uri()}, Ray results {exp_dir}"]
+    runs = list(cl.search_runs([exp.experiment_id], f"tags.sweep = '{name}'", max_results=5000)) if exp else []
+    parents = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
+    children = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]
+    for p in parents:
+        lines.append(f"parent run {p.info.run_id}: {p.info.status}"
+                     + (f", best {p.data.tags['best_trial_id']}" if p.data.tags.get("best_trial_id") else ""))
+    by: dict[str, list] = {}
+    for r in children:
+        by.setdefault(r.data.tags.get("status", r.info.status.lower()), []).append(r)
+    seen = {r.data.tags.get("trial_id") for r in children}
+    for tname, st in saved.items():
+        if tname not in seen:
+            by.setdefault(st.lower(), []).append(tname)
+    lines.append("by state: " + ", ".join(f"{k} {len(v)}" for k, v in sorted(by.items())) if by else "no trials yet")
+    for st in sorted(by):
+        lines.append(f"{st}:")
+        for r in sorted(by[st], key=lambda r: r if isinstance(r, str) else r.data.tags.get("trial_id", "")):
+            if isinstance(r, str):
+                lines.append(f"  {r:<40} no MLflow run yet (Ray: {saved[r]})")
+                continue
+            tid = r.data.tags.get("trial_id", "?")
+            v = r.data.metrics.get("final/val_loss", r.data.metrics.get("val/loss"))
+            loss = f"  val loss {v:.4f}" if v is not None else ""
+            lines.append(f"  {tid:<40} run {r.info.run_id}  Ray: {saved.get(tid, '-')}{loss}")
+    return "\n".join(lines)
+
+
+def ray_trials(exp_dir: Path) -> dict[str, str]:
+    """Trial name -> Ray status from the newest saved experiment state (best effort, no Ray import)."""
+    files = sorted(exp_dir.glob("experiment_state-*.json"))
+    if not files:
+        return {}
+    try:
+        data = json.loads(files[-1].read_text())
+        out = {}
+        for item in data.get("trial_data", []):
+            t = json.loads(item[0]) if isinstance(item, list) else json.loads(item)
+            out[t.get("custom_trial_name") or t.get("trial_id")] = t.get("status", "?")
+        return out
+    except Exception:  # noqa: BLE001 - a format from another Ray version: MLflow alone is enough
+        return {}
+
