@@ -3,7 +3,7 @@ restructuring (trial ids and full trial configs, hashed). The golden file was wr
 code of commit 910d6a4; a deliberate change to a shipped sweep updates it (see the file's
 regeneration command below) and says so in its commit.
 
-Regenerate: python -m tests.orchestrator.test_sweep_golden
+Regenerate: python -m tests.orchestrator.sweep.test_sweep_golden
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.sweep.spec import load_spec
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).with_name("sweep_trials_golden.json")
 SWEEPS = sorted(ROOT.glob("sweeps/*.yaml"))
 

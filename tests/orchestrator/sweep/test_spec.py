@@ -14,7 +14,7 @@ import yaml
 from lime_arch import ConfigError
 from orchestrator.sweep.spec import ALIASES, load_spec, parse_spec, trial_dirname
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
 PAPER = ["router-ablation-150m", "router-structure-150m", "deep-routing-128", "depth-scaling", "router-lr"]
 

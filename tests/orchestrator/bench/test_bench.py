@@ -1,0 +1,62 @@
+"""The benchmark in reduced form (tiny shapes, seconds): outputs, pairing, intervals. No test asserts
+a speed."""
+import csv
+
+import torch
+
+from orchestrator.bench.run import PEER, QUICK_SHAPES, median_ci, paired_times, run_bench
+from orchestrator.bench.run import ROUTERS as BENCH_ROUTERS
+
+
+def test_quick_bench_end_to_end(tmp_path):
+    torch.set_default_dtype(torch.float32)
+    out = run_bench(out_dir=tmp_path, quick=True)
+    paths = out["paths"]
+    assert {p.rsplit("/", 1)[-1] for p in paths} == {"bench.md", "bench.csv", "decode.csv"}
+    with open(tmp_path / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    want = {(r.split("/")[0], "concat" if r == PEER else "buffer", s.name)
+            for r in ("none", *BENCH_ROUTERS, PEER) for s in QUICK_SHAPES}
+    assert {(r["router"], r["impl"], r["shape"]) for r in rows} == want
+    for r in rows:
+        assert float(r["step_ms"]) > 0 and float(r["ratio"]) > 0 and float(r["peak_mb"]) > 0
+        assert int(r["flops_per_token"]) > 0 and 0 < float(r["mem_ratio"]) < 10
+        assert float(r["flop_overhead_pct"]) >= 0
+        if r["router"] == "none":
+            assert float(r["ratio"]) == 1.0 and r["verdict"] == "baseline"
+        elif r["impl"] == "buffer":
+            assert r["verdict"].startswith(("pass", "fail")) and float(r["target_pct"]) >= 1.0
+    with open(tmp_path / "decode.csv") as f:
+        dec = list(csv.DictReader(f))
+    assert {(d["router"], d["batch"]) for d in dec} == {(r, b) for r in ("none", "full", "first-4") for b in ("1", "8")}
+    for d in dec:
+        assert float(d["tok_s"]) > 0
+        base = next(x for x in dec if x["router"] == "none" and x["batch"] == d["batch"])
+        assert d["kv_bytes"] == base["kv_bytes"]
+    md = (tmp_path / "bench.md").read_text()
+    for needle in ("torch", "threads", "cpu", "Table 17", "Decode", "checks pass"):
+        assert needle in md
+    assert len(out["rows"]) == len(rows) and out["checks"]
+
+
+def test_median_ci_is_the_sign_test_interval():
+    """Order statistics from the binomial table: n=20 -> 6th and 15th, n=10 -> 2nd and 9th, n=5 -> range."""
+    xs = [float(i) for i in range(1, 21)]
+    assert median_ci(xs[::-1]) == (6.0, 15.0)
+    assert median_ci(xs[:10]) == (2.0, 9.0)
+    assert median_ci(xs[:5]) == (1.0, 5.0)
+
+
+def test_paired_times_put_every_variant_between_two_baseline_steps():
+    seq = []
+    cost = {"none": 2.0, "a": 3.0, "b": 1.0}
+    t = [0.0]
+
+    def step(lab):
+        seq.append(lab)
+        t[0] += cost[lab]
+
+    times, _, ratios = paired_times(step, ["none", "a", "b"], "none", 3, lambda: t[0])
+    assert seq[:5] == ["none", "a", "none", "b", "none"] and seq[5:10] == ["none", "b", "none", "a", "none"]
+    assert ratios["a"] == [1.5] * 3 and ratios["b"] == [0.5] * 3 and ratios["none"] == [1.0] * 3
+    assert len(times["none"]) == 9 and times["a"] == [3.0] * 3
