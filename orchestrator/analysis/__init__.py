@@ -1,4 +1,4 @@
-"""Representation analysis of LIMe models (issue 8).
+"""Representation analysis of LIMe models (see docs/ARCHITECTURE.md, "Analysis").
 
 The metrics are re-exported here; the plots live in ``orchestrator.analysis.plots`` so that
 importing the metrics does not pull in matplotlib.

@@ -1,4 +1,4 @@
-"""Pure-math representation diagnostics of LIMe models (PAPER.md "Analysis metrics", issue 8).
+"""Pure-math representation diagnostics of LIMe models (the paper's analysis section, arXiv 2502.09245).
 
 Everything here works on plain arrays (numpy, or torch tensors, which are copied to float64
 numpy), so the same numbers come out whether they are computed at the end of a trial or later

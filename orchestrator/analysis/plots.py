@@ -1,4 +1,4 @@
-"""Headless PNG plots of the representation diagnostics (issue 8).
+"""Headless PNG plots of the representation diagnostics (see docs/ARCHITECTURE.md, "Analysis").
 
 Figures are built on a bare ``matplotlib.figure.Figure`` (Agg canvas), never through pyplot, so
 plotting neither needs a display nor touches global pyplot state shared with other threads.

@@ -1,4 +1,4 @@
-"""Synthetic reasoning tasks of the paper (issue 7): ``arithmetic`` (step-by-step reduction of
+"""Synthetic reasoning tasks of the paper (arXiv 2502.09245): ``arithmetic`` (step-by-step reduction of
 integer expressions), ``prosqa`` (path finding over "Every X is a Y." facts) and ``kv-recall``.
 
 ``make_task(name, **params)`` builds one; ``task.generate(split, n, seed)`` draws deterministic

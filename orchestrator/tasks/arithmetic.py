@@ -1,7 +1,7 @@
 """Arithmetic expression task (AET of the paper): integer expressions with + - * / and parentheses,
 the target being the step-by-step reduction ending with the exact integer answer.
 
-Format (PAPER.md's example with the spaces around "=" removed, because for a character-level
+Format (the paper's example, arXiv 2502.09245 Sec. 5, with the spaces around "=" removed, because for a character-level
 model they are two extra tokens per step that carry no information)::
 
     prompt  (7+5)/(6+4*3-2*7)=
@@ -11,7 +11,7 @@ model they are two extra tokens per step that carry no information)::
 Reduction order: each step evaluates ONE operation, the leftmost operation in the parse tree whose
 two operands are both numbers (leftmost-innermost), then re-renders the whole remaining
 expression; parentheses around a group that became a single number are dropped. This is exactly
-the order of PAPER.md's example, which evaluates ``6+12`` before ``2*7``: a plain "all * and / of
+the order of the paper's example, which evaluates ``6+12`` before ``2*7``: a plain "all * and / of
 a group first, then + and -" order would not reproduce it.
 
 Rendering: minimal parentheses that make the string determine the tree (a left operand is
@@ -228,7 +228,7 @@ class ArithmeticTask(Task):
                        answer=steps[-1], meta={"n_ops": n})
 
     def example_from_expression(self, expr: str) -> Example:
-        """The example of a given expression (e.g. PAPER.md's); ValueError if it is malformed,
+        """The example of a given expression (e.g. the paper's); ValueError if it is malformed,
         not exact, or leaves [-max_value, max_value] at some step."""
         tree = parse_expression(expr)
         if not isinstance(tree, BinOp):

@@ -1,4 +1,4 @@
-"""Tests of the synthetic tasks (issue 7): data generation, splits, scoring and encoding.
+"""Tests of the synthetic tasks (arithmetic, ProsQA, kv-recall): generation, splits, scoring, encoding.
 
 Expectations are computed independently of the task code: arithmetic steps are evaluated with
 Python's own parser (``ast``) over ``fractions.Fraction``, ProsQA reachability with a BFS over
