@@ -18,7 +18,7 @@ from orchestrator.core.tracking import RunLogger
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The benchmark's options (``lime bench``)."""
-    ap.add_argument("--out", default="results/bench")
+    ap.add_argument("--out", default="results/bench", help="folder for bench.md, bench.csv, decode.csv")
     ap.add_argument("--quick", action="store_true", help="tiny shapes, one repetition (a smoke test)")
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--threads", type=int, default=1,
