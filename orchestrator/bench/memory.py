@@ -20,6 +20,7 @@ evidence where a step-time target is out of reach because the routing is bandwid
 """
 from __future__ import annotations
 
+import gc
 import json
 import os
 import subprocess
@@ -31,6 +32,7 @@ import torch
 from lime_arch.config import ModelConfig
 from lime_arch.routers import build_router
 from lime_arch.routing import plan as kvplan
+from orchestrator.bench.step import make_step
 
 MMAP_THRESHOLD = 65536
 
@@ -67,10 +69,6 @@ def rss_peak(fn) -> tuple[int, int] | None:
 
 def measure_in_process(case: dict) -> dict:
     """Peak memory of one training step of ``case`` in this process (see the module docstring)."""
-    import gc
-
-    from orchestrator.bench.run import make_step  # late import: bench imports this module
-
     torch.set_num_threads(case.get("threads", 1))
     dev = torch.device(case.get("device", "cpu"))
     step = make_step(ModelConfig.from_dict(case["cfg"]), case["batch"], case["seq"], dev, case.get("amp", False))

@@ -1,4 +1,5 @@
-"""The benchmark's verdicts and its outputs: ``bench.md``, ``bench.csv``, ``decode.csv``."""
+"""The benchmark's files: ``bench.md`` (tables and method), ``bench.csv`` (one row per router, impl
+and shape), ``decode.csv`` (one row per decode router and batch)."""
 from __future__ import annotations
 
 import csv
@@ -10,53 +11,6 @@ CSV_FIELDS = ["router", "impl", "shape", "n_layers", "kv_heads", "step_ms", "wal
               "bw_gbs", "bw_floor_pct", "reps"]
 DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "ratio_lo", "ratio_hi", "reps",
                  "kv_bytes"]
-
-
-def _target(row: dict) -> float | None:
-    if row["impl"] == "concat" or row["router"] == "none":
-        return None
-    return 1.5 * row["flop_overhead_pct"] + 1.0
-
-
-def checks(rows: list[dict], dec: list[dict]) -> list[dict]:
-    """Annotate rows with target and verdict; return the list of checks against the issue's targets."""
-    from orchestrator.bench.run import TARGETS  # noqa: PLC0415
-
-    out = []
-    for r in rows:
-        t = r["target_pct"] = _target(r)
-        if t is None:
-            r["verdict"] = "peer" if r["impl"] == "concat" else "baseline"
-            continue
-        ok = r["overhead_pct"] <= t
-        kernel_bound = not ok and r.get("alone_pct") is not None and r["alone_pct"] > t
-        bw_bound = not ok and r.get("bw_floor_pct") is not None and r["bw_floor_pct"] > t
-        r["verdict"] = "pass" if ok else ("fail: kernel-bound" if kernel_bound else
-                                          "fail: bandwidth-bound" if bw_bound else "fail")
-        out.append({"check": f"step time {r['router']} @ {r['shape']}", "value": r["overhead_pct"], "target": t,
-                    "ok": ok, "note": r["verdict"]})
-    for r in rows:
-        if r["router"] == "full" and r["impl"] == "buffer" and r["n_layers"] >= 64:
-            peer = next((p for p in rows if p["shape"] == r["shape"] and p["impl"] == "concat"), None)
-            if peer is not None:
-                lim = TARGETS["vs_peer"] * peer["overhead_pct"]
-                out.append({"check": f"full vs naive concat @ {r['shape']}", "value": r["overhead_pct"],
-                            "target": lim, "ok": r["overhead_pct"] <= lim,
-                            "note": f"naive overhead {peer['overhead_pct']:.1f}%"})
-        if r["router"] == "full" and r["impl"] == "buffer" and r["n_layers"] == 64 and "mem_ratio" in r:
-            lim = TARGETS["mem_full_64"]
-            out.append({"check": f"peak memory full @ {r['shape']}", "value": r["mem_ratio"], "target": lim,
-                        "ok": r["mem_ratio"] <= lim, "note": f"{r['peak_mb']:.0f} MB"})
-    for d in dec:
-        base = next(b for b in dec if b["batch"] == d["batch"] and b["router"] == "none")
-        lim = TARGETS["decode"].get(d["router"])
-        if lim is not None:
-            out.append({"check": f"decode {d['router']} batch {d['batch']}", "value": d["ratio"], "target": lim,
-                        "ok": d["ratio"] >= lim, "note": f"{d['tok_s']:.1f} tok/s"})
-        if d["router"] != "none":
-            out.append({"check": f"KV-cache bytes {d['router']} batch {d['batch']}", "value": d["kv_bytes"],
-                        "target": base["kv_bytes"], "ok": d["kv_bytes"] == base["kv_bytes"], "note": ""})
-    return out
 
 
 def _f(x, fmt="{:.1f}") -> str:
@@ -78,11 +32,8 @@ def write_outputs(out: Path, rows: list[dict], dec: list[dict], chk: list[dict],
     return paths
 
 
-def _markdown(rows, dec, chk, info) -> str:
-    L = ["# LIMe routing benchmark: step time, memory, FLOPs, decode (vs `none`)", ""]
-    if info.get("quick"):
-        L += ["**Quick smoke run (tiny shapes, one repetition): the numbers mean nothing.**", ""]
-    L += ["| machine | |", "|---|---|"]
+def _machine(info: dict) -> list[str]:
+    L = ["| machine | |", "|---|---|"]
     for k in ("platform", "cpu", "cpu_count", "gpu", "torch", "threads", "device", "dtype", "clock"):
         L.append(f"| {k} | {info[k]} |")
     L.append(f"| memory bandwidth (256 MB copy, read+write) | {info['bandwidth_gbs']:.1f} GB/s |")
@@ -91,26 +42,34 @@ def _markdown(rows, dec, chk, info) -> str:
              f"{', '.join(f'{x:.1f}' for x in info['load_end'])} |")
     L.append(f"| batch x sequence, vocab | {info['batch']} x {info['seq']}, {info['vocab']} |")
     L.append(f"| run time | {info['seconds']:.0f} s |")
-    L += ["", "Method: all variants of a shape share one decoder body; every variant step runs between two "
-          "`none` steps (none, v1, none, v2, none, ..., the order rotating each round), and `ratio` is the "
-          "median over rounds of the variant's time over the mean of the two `none` steps around it, "
-          f"measured with the {info['clock']} clock (pairing cancels this VM's drift: the same matmul runs "
-          "+-15% for seconds at a time); `95% CI` is the distribution-free (sign-test) interval of that "
-          "median; `step ms` and `wall ms` are medians. `FLOP %` is "
-          f"`routing_overhead` (forward routing FLOPs over the baseline's, seq {info['seq']}); "
-          "target = 1.5 x FLOP % + 1. "
-          "`peak MB`: peak resident memory of one step after a warm-up step, fresh subprocess per case "
-          "(see `lime_arch/bench_mem.py`). `ratio (min)`: fastest variant step / fastest none step. `routing MB` "
-          "is the traffic of the routing's products and copies per step; `bw floor %` the time that traffic "
-          "takes at the measured memory bandwidth (between writing a slot and reading it, the layers' weights "
-          "pass through the caches), as a share of `none`'s step. `alone %`: the routing's forward and backward "
-          "outside the model (same shapes, minus `none`'s), as a share of `none`'s step; `routing GFLOP/s`: "
-          "3 x its forward FLOPs over that time. "
-          "Optimizer: AdamW with lime_arch's parameter groups, fused kernel.",
-          "", "## Training step (like the paper's Table 17)", "",
-          "| router | shape | impl | step ms | wall ms | ratio | 95% CI | ratio (min) | overhead % | FLOP % | "
-          "target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | bw floor % |",
-          "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    return L
+
+
+def _method(info: dict) -> str:
+    return ("Method: all variants of a shape share one decoder body; every variant step runs between two "
+            "`none` steps (none, v1, none, v2, none, ..., the order rotating each round), and `ratio` is the "
+            "median over rounds of the variant's time over the mean of the two `none` steps around it, "
+            f"measured with the {info['clock']} clock (pairing cancels this VM's drift: the same matmul runs "
+            "+-15% for seconds at a time); `95% CI` is the distribution-free (sign-test) interval of that "
+            "median; `step ms` and `wall ms` are medians. `FLOP %` is "
+            f"`routing_overhead` (forward routing FLOPs over the baseline's, seq {info['seq']}); "
+            "target = 1.5 x FLOP % + 1. "
+            "`peak MB`: peak resident memory of one step after a warm-up step, fresh subprocess per case "
+            "(see `orchestrator/bench/memory.py`). `ratio (min)`: fastest variant step / fastest none step. "
+            "`routing MB` "
+            "is the traffic of the routing's products and copies per step; `bw floor %` the time that traffic "
+            "takes at the measured memory bandwidth (between writing a slot and reading it, the layers' weights "
+            "pass through the caches), as a share of `none`'s step. `alone %`: the routing's forward and backward "
+            "outside the model (same shapes, minus `none`'s), as a share of `none`'s step; `routing GFLOP/s`: "
+            "3 x its forward FLOPs over that time. "
+            "Optimizer: AdamW with lime_arch's parameter groups, fused kernel.")
+
+
+def _step_table(rows: list[dict]) -> list[str]:
+    L = ["## Training step (like the paper's Table 17)", "",
+         "| router | shape | impl | step ms | wall ms | ratio | 95% CI | ratio (min) | overhead % | FLOP % | "
+         "target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | bw floor % |",
+         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         L.append(f"| {r['router']} | {r['shape']} | {r['impl']} | {r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
                  f"{r['ratio']:.3f} | {r['ratio_lo']:.3f}-{r['ratio_hi']:.3f} | {r['ratio_min']:.3f} | "
@@ -119,10 +78,16 @@ def _markdown(rows, dec, chk, info) -> str:
                  f"{_f(r.get('routing_gflops'))} | {_f(r.get('peak_mb'), '{:.0f}')} | "
                  f"{_f(r.get('mem_ratio'), '{:.3f}')} | {_f(r.get('routing_mb'), '{:.0f}')} | "
                  f"{_f(r.get('bw_floor_pct'))} |")
+    return L
+
+
+def _bound_notes(rows: list[dict]) -> list[str]:
+    """Why a failed row cannot meet its target here: the kernels, or the memory bandwidth."""
+    L = []
     kb = [r for r in rows if r.get("verdict") == "fail: kernel-bound"]
     if kb:
         L += ["", "Kernel-bound rows: the routing alone (its forward and backward on random K/V, outside the "
-              "model, minus `none`'s; `lime_arch/bench_alone.py`) already costs more than the target, at the "
+              "model, minus `none`'s; `orchestrator/bench/alone.py`) already costs more than the target, at the "
               "GFLOP/s its small products reach here (M = KV heads rows) against the whole step's:", ""]
         for r in kb:
             L.append(f"- {r['router']} @ {r['shape']}: alone {r['alone_pct']:.1f}% of none's step, routing at "
@@ -136,22 +101,41 @@ def _markdown(rows, dec, chk, info) -> str:
             L.append(f"- {r['router']} @ {r['shape']}: {r['routing_mb']:.0f} MB/step at {r['bw_gbs']:.1f} GB/s -> "
                      f"{r['bw_floor_pct']:.1f}% of none's {r['step_ms']/r['ratio']:.0f} ms step "
                      f"> target {r['target_pct']:.1f}% (measured {r['overhead_pct']:+.1f}%).")
-    L += ["", "## Checks against the targets", "", "| check | value | target | ok | note |", "|---|---:|---:|---|---|"]
+    return L
+
+
+def _checks_table(chk: list[dict]) -> list[str]:
+    L = ["## Checks against the targets", "", "| check | value | target | ok | note |", "|---|---:|---:|---|---|"]
     for c in chk:
         ok = "yes" if c["ok"] else "NO"
         L.append(f"| {c['check']} | {c['value']:.3f} | {c['target']:.3f} | {ok} | {c['note']} |")
     n_ok = sum(c["ok"] for c in chk)
-    L += ["", f"{n_ok}/{len(chk)} checks pass.", ""]
+    return L + ["", f"{n_ok}/{len(chk)} checks pass.", ""]
+
+
+def _decode_table(dec: list[dict]) -> list[str]:
+    L = ["## Decode (greedy KV-cache generation)", "",
+         "Prompt of 16 tokens, then greedy decoding one token per call (`model(next, cache)`, "
+         "argmax), the models interleaved token by token: each variant's token between two of "
+         "`none`'s. `ratio`: median over pairs of none's time per token over the router's; "
+         "`tok/s`: batch / median time per token; positions cycle through the 48 after the prompt.", "",
+         "| router | shape | batch | tokens timed | tok/s | ratio to none | 95% CI | KV-cache bytes |",
+         "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for d in dec:
+        L.append(f"| {d['router']} | {d['shape']} | {d['batch']} | {d['new_tokens']} | {d['tok_s']:.1f} | "
+                 f"{d['ratio']:.3f} | {d['ratio_lo']:.3f}-{d['ratio_hi']:.3f} | {d['kv_bytes']} |")
+    return L + [""]
+
+
+def _markdown(rows, dec, chk, info) -> str:
+    L = ["# LIMe routing benchmark: step time, memory, FLOPs, decode (vs `none`)", ""]
+    if info.get("quick"):
+        L += ["**Quick smoke run (tiny shapes, one repetition): the numbers mean nothing.**", ""]
+    L += _machine(info)
+    L += ["", _method(info), ""]
+    L += _step_table(rows)
+    L += _bound_notes(rows)
+    L += [""] + _checks_table(chk)
     if dec:
-        L += ["## Decode (greedy KV-cache generation)", "",
-              "Prompt of 16 tokens, then greedy decoding one token per call (`model(next, cache)`, "
-              "argmax), the models interleaved token by token: each variant's token between two of "
-              "`none`'s. `ratio`: median over pairs of none's time per token over the router's; "
-              "`tok/s`: batch / median time per token; positions cycle through the 48 after the prompt.", "",
-              "| router | shape | batch | tokens timed | tok/s | ratio to none | 95% CI | KV-cache bytes |",
-              "|---|---|---:|---:|---:|---:|---:|---:|"]
-        for d in dec:
-            L.append(f"| {d['router']} | {d['shape']} | {d['batch']} | {d['new_tokens']} | {d['tok_s']:.1f} | "
-                     f"{d['ratio']:.3f} | {d['ratio_lo']:.3f}-{d['ratio_hi']:.3f} | {d['kv_bytes']} |")
-        L.append("")
+        L += _decode_table(dec)
     return "\n".join(L)

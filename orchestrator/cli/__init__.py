@@ -12,6 +12,7 @@ import logging
 import sys
 
 from lime_arch import ConfigError
+from orchestrator.cli import bench
 
 
 def _lazy(target: str):
@@ -57,10 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))
 
     b = sub.add_parser("bench", help="step time, memory, FLOPs and decode speed of every router")
-    from orchestrator.bench.run import add_arguments  # noqa: PLC0415 - torch is imported by lime_arch anyway
-    add_arguments(b)
-    b.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
-    b.set_defaults(func=_lazy("orchestrator.cli.bench:cmd_bench"))
+    bench.add_arguments(b)  # torch-free: the benchmark itself loads when the command runs
+    b.set_defaults(func=bench.cmd_bench)
 
     a = sub.add_parser("analyze", help="entropy, separability probe and router maps of checkpoints")
     a.add_argument("checkpoints", nargs="+", help="checkpoint files or folders (label=path to name them)")

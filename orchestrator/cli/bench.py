@@ -1,31 +1,104 @@
-"""``lime bench``: run the benchmark and log its results to MLflow."""
+"""``lime bench``: the benchmark's options, their checks, the run and its MLflow record.
+
+Importing this module loads no torch (``lime --help`` builds the parser from ``add_arguments``):
+the router registry is read through ``lime_arch``'s lazy names and ``run_bench`` through
+``orchestrator.bench``'s, both only when the command runs.
+"""
 from __future__ import annotations
 
-from orchestrator.bench.run import options, print_summary, run_bench
+import argparse
+
+import lime_arch
+import orchestrator.bench
+from lime_arch.errors import ConfigError
+from orchestrator.bench.shapes import SHAPES_BY_NAME
+from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The benchmark's options (``lime bench``)."""
+    ap.add_argument("--out", default="results/bench", help="folder for bench.md, bench.csv, decode.csv")
+    ap.add_argument("--quick", action="store_true", help="tiny shapes, one repetition (a smoke test)")
+    ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="CPU threads (default 1, timed by the thread's CPU time; more threads by wall time)")
+    ap.add_argument("--shapes", help="comma-separated subset of " + ",".join(SHAPES_BY_NAME))
+    ap.add_argument("--routers", help="comma-separated router specs (default: every registered router, "
+                    "those taking an integer as first-4, last-4, dilated-8, others <name>-4)")
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
+    ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
+    ap.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
+
+
+def _routers(spec: str | None) -> tuple[str, ...] | None:
+    if not spec:
+        return None  # run_bench benchmarks every registered router
+    routers = tuple(spec.split(","))
+    for r in routers:
+        try:
+            lime_arch.parse_router(r)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("model.router", "bench.routers", 1)) from None
+    return routers
+
+
+def options(a: argparse.Namespace) -> dict:
+    """Checked keyword arguments of ``run_bench``; a bad value raises one ConfigError line (a cuda
+    device torch cannot see is ``run_bench``'s first check)."""
+    shapes = None
+    if a.shapes:
+        bad = [n for n in a.shapes.split(",") if n not in SHAPES_BY_NAME]
+        if bad:
+            raise ConfigError(f"bench.shapes: unknown {', '.join(bad)}; allowed: {', '.join(SHAPES_BY_NAME)}")
+        shapes = tuple(SHAPES_BY_NAME[n] for n in a.shapes.split(","))
+    routers = _routers(a.routers)
+    if a.device not in (None, "cpu", "cuda"):
+        raise ConfigError(f"bench.device: {a.device!r}; allowed: cpu, cuda")
+    if a.threads is not None and a.threads < 1:
+        raise ConfigError(f"bench.threads: must be >= 1, got {a.threads}")
+    return {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
+            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode}
+
+
+def print_summary(out: dict) -> None:
+    """The files written and the count of passed checks."""
+    for p in out["paths"]:
+        print(f"wrote {p}")
+    n_ok = sum(c["ok"] for c in out["checks"])
+    print(f"{n_ok}/{len(out['checks'])} checks pass; {out['machine']['seconds']:.0f} s")
+
+
+def _metrics(out: dict) -> dict[str, float]:
+    """Every ratio of every row and decode batch, keyed ``bench/<metric>/<router>.<impl>.<shape>``."""
+    metrics = {}
+    for r in out["rows"]:
+        key = f"{r['router']}.{r['impl']}.{r['shape']}"
+        for m in ("ratio", "overhead_pct", "flop_overhead_pct", "mem_ratio", "alone_pct"):
+            if r.get(m) is not None:
+                metrics[f"bench/{m}/{key}"] = float(r[m])
+    for d in out["decode"]:
+        metrics[f"bench/decode_ratio/{d['router']}.b{d['batch']}"] = float(d["ratio"])
+        metrics[f"bench/decode_tok_s/{d['router']}.b{d['batch']}"] = float(d["tok_s"])
+    metrics["bench/checks_passed"] = float(sum(c["ok"] for c in out["checks"]))
+    return metrics
+
+
+def _track(out: dict, quick: bool) -> None:
+    """One MLflow run in experiment ``lime-bench``: the machine as params, the ratios, the files."""
+    log = RunLogger("lime-bench", run_name="bench-quick" if quick else "bench", tags={"kind": "bench"})
+    log.log_params({k: v for k, v in out["machine"].items() if isinstance(v, (str, int, float, bool))})
+    log.log_metrics(_metrics(out), step=0, flush=True)
+    for p in out["paths"]:
+        log.log_artifact(p)
+    log.end(TrialStatus.FINISHED)
+    print(f"MLflow run: {log.run_id} (experiment 'lime-bench')")
 
 
 def cmd_bench(args) -> int:
     kw = options(args)  # ConfigError -> one line, exit 2, before anything runs
-    out = run_bench(**kw)
+    out = orchestrator.bench.run_bench(**kw)
     print_summary(out)
-    paths = out["paths"]
     if not args.no_track:
-        log = RunLogger("lime-bench", run_name="bench-quick" if args.quick else "bench", tags={"kind": "bench"})
-        log.log_params({k: v for k, v in out["machine"].items() if isinstance(v, (str, int, float, bool))})
-        metrics = {}
-        for r in out["rows"]:
-            key = f"{r['router']}.{r['impl']}.{r['shape']}"
-            for m in ("ratio", "overhead_pct", "flop_overhead_pct", "mem_ratio", "alone_pct"):
-                if r.get(m) is not None:
-                    metrics[f"bench/{m}/{key}"] = float(r[m])
-        for d in out["decode"]:
-            metrics[f"bench/decode_ratio/{d['router']}.b{d['batch']}"] = float(d["ratio"])
-            metrics[f"bench/decode_tok_s/{d['router']}.b{d['batch']}"] = float(d["tok_s"])
-        metrics["bench/checks_passed"] = float(sum(c["ok"] for c in out["checks"]))
-        log.log_metrics(metrics, step=0, flush=True)
-        for p in paths:
-            log.log_artifact(p)
-        log.end("finished")
-        print(f"MLflow run: {log.run_id} (experiment 'lime-bench')")
+        _track(out, args.quick)
     return 0

@@ -4,8 +4,9 @@ import csv
 
 import torch
 
-from orchestrator.bench.run import PEER, QUICK_SHAPES, median_ci, paired_times, run_bench
-from orchestrator.bench.run import ROUTERS as BENCH_ROUTERS
+from orchestrator.bench.run import run_bench
+from orchestrator.bench.shapes import PEER, QUICK_SHAPES, bench_routers
+from orchestrator.bench.timing import median_ci, paired_times
 
 
 def test_quick_bench_end_to_end(tmp_path):
@@ -16,7 +17,7 @@ def test_quick_bench_end_to_end(tmp_path):
     with open(tmp_path / "bench.csv") as f:
         rows = list(csv.DictReader(f))
     want = {(r.split("/")[0], "concat" if r == PEER else "buffer", s.name)
-            for r in ("none", *BENCH_ROUTERS, PEER) for s in QUICK_SHAPES}
+            for r in ("none", *bench_routers(), PEER) for s in QUICK_SHAPES}
     assert {(r["router"], r["impl"], r["shape"]) for r in rows} == want
     for r in rows:
         assert float(r["step_ms"]) > 0 and float(r["ratio"]) > 0 and float(r["peak_mb"]) > 0

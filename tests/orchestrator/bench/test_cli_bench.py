@@ -1,5 +1,6 @@
 """``lime bench``: bad options fail in one line before anything runs; a tiny run logs to MLflow."""
 import pytest
+import torch
 from mlflow.tracking import MlflowClient
 
 from orchestrator.cli import main
@@ -36,3 +37,11 @@ def test_bench_logs_rows_and_decode_to_mlflow(tmp_path, mlflow_uri, capsys):
     assert run.data.params["device"] == "cpu" and run.data.params["torch"].startswith("2.")
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"bench.md", "bench.csv", "decode.csv"} <= arts
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the check is for machines without CUDA")
+def test_cuda_without_a_device_exits_2_before_anything_runs(tmp_path, capsys):
+    assert main(["bench", "--device", "cuda", "--quick", "--out", str(tmp_path / "b"), "--no-track"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: bench.device: cuda requested but torch sees no CUDA device here"]
+    assert not (tmp_path / "b").exists()

@@ -1,0 +1,50 @@
+"""What the benchmark measures: the shapes, batch and vocabulary, the peer, the routers (torch-free).
+
+``lime bench --help`` and the option checks read this module, so it imports no torch: the router
+registry is reached through ``lime_arch``'s lazy public names, only when ``bench_routers`` runs.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import lime_arch
+
+PEER = "full/concat"  # label of the naive reference: full routing, the paper's concatenation
+# Vocabulary 2,048, not GPT-2's 50,257: at width 256 a 50k head would be 43% of the 16-layer
+# model's FLOPs and 44% of its parameters (AdamW time), hiding the routing behind the LM head;
+# with 2,048 the head is ~3% (the paper's 1B models' is ~9%).
+VOCAB, BATCH, SEQ = 2048, 2, 64
+QUICK_BATCH, QUICK_SEQ = 1, 16
+DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4"), (1, 8)
+
+# The integer a router that takes one is benchmarked with (``<name>-<int>``). first-4 is the
+# paper's pruned variant (its serving numbers, arXiv 2502.09245 Table 18, use first-4 routing),
+# dilated-8 one of its dilations; a newly registered integer router runs at DEFAULT_ARG.
+ROUTER_ARGS = {"first": 4, "last": 4, "dilated": 8}
+DEFAULT_ARG = 4
+
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    n_layers: int
+    n_kv_heads: int
+    reps: int
+
+
+# The deep config (``preset("deep32")``: width 256, FFN 1024, 8 heads) at 16 layers, MHA and GQA
+# (2 KV heads), 64 and 128 layers; fewer interleaved rounds where a step takes longer.
+SHAPES = (Shape("L16-MHA", 16, 8, 20), Shape("L16-GQA", 16, 2, 20), Shape("L64-MHA", 64, 8, 10),
+          Shape("L128-MHA", 128, 8, 7))
+QUICK_SHAPES = (Shape("L3-MHA", 3, 8, 1), Shape("L3-GQA", 3, 2, 1))
+SHAPES_BY_NAME = {s.name: s for s in SHAPES + QUICK_SHAPES}
+
+
+def bench_routers(registry: Mapping[str, type] | None = None) -> tuple[str, ...]:
+    """Every registered router in registration order (default: ``lime_arch.ROUTERS``), a router
+    that takes an integer at ``ROUTER_ARGS[name]`` (else ``DEFAULT_ARG``): none, full, average,
+    last-4, first-4, dilated-8, no-head-mix, per-dim with today's registry."""
+    registry = lime_arch.ROUTERS if registry is None else registry
+    return tuple(f"{name}-{ROUTER_ARGS.get(name, DEFAULT_ARG)}" if cls.takes_arg else name
+                 for name, cls in registry.items())
