@@ -1,11 +1,60 @@
-"""``lime report``: statistics, tables and plots of a sweep, from its MLflow runs."""
+"""``lime report SWEEP``: statistics, tables and plots of a sweep, from its MLflow runs.
+
+SWEEP is a sweep name (the report takes what it compares from the sweep's parent MLflow run) or
+a sweep file path: then the file, loaded and validated by the sweep layer, says what is compared
+and is shown in the report. A file that no longer validates (a data file moved, a key renamed)
+is still shown, and the report falls back to the parent run's settings, with a note.
+``--metric/--axis/--baseline`` override either.
+"""
 from __future__ import annotations
 
+from pathlib import Path
+
+import yaml
+
+from lime_arch.errors import ConfigError
 from orchestrator.report.build import build_report
+from orchestrator.report.settings import ReportSettings, SweepFile, axis_names
+from orchestrator.sweep.spec import load_spec
+
+REPORT_KEYS = ("metric", "axis", "baseline")
 
 
 def cmd_report(args) -> int:
-    path = build_report(args.sweep, out=args.out, metric=args.metric, axis=args.axis,
-                        baseline=args.baseline)
+    name, settings, sweep_file = args.sweep, None, None
+    if _is_file(args.sweep):
+        name, settings, sweep_file = settings_from_file(Path(args.sweep))
+    path = build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,
+                        settings=settings, sweep_file=sweep_file)
     print(path)
     return 0
+
+
+def _is_file(arg: str) -> bool:
+    p = Path(arg)
+    return p.suffix in (".yaml", ".yml") or p.is_file()
+
+
+def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, SweepFile]:
+    """(sweep name, its report settings, the file to show). Settings are None when the file does
+    not validate: the report then takes them from the parent run, and notes why."""
+    if not path.is_file():
+        raise ConfigError(f"report: sweep file {path} does not exist")
+    text = path.read_text()
+    try:
+        spec = load_spec(path)
+    except ConfigError as e:
+        why = str(e).replace(str(path), path.name)  # no machine-specific paths in a report
+        return path.stem, None, SweepFile(text=text, source=path.name, notes=[
+            f"the sweep file does not validate with this code ({why}); the report settings are the "
+            "launched sweep's (MLflow)"])
+    settings = ReportSettings(metric=spec.report.metric, axis=spec.report.axis, baseline=spec.report.baseline,
+                              axes=axis_names(spec.axes()), stated=_stated(text))
+    return spec.name, settings, SweepFile(text=text, source=path.name)
+
+
+def _stated(text: str) -> frozenset[str]:
+    """Which report settings the file writes itself (the others are defaults)."""
+    data = yaml.safe_load(text)
+    report = data.get("report") if isinstance(data, dict) else None
+    return frozenset(k for k in REPORT_KEYS if isinstance(report, dict) and k in report)

@@ -31,6 +31,17 @@ class TrialStatus(str, Enum):
         return self in (TrialStatus.FINISHED, TrialStatus.DIVERGED)
 
     @classmethod
+    def parse(cls, value: object) -> TrialStatus | None:
+        """A status as a table may hold it (any case, padded, the enum or its value); None when it
+        is missing or not a trial status."""
+        if value is None:
+            return None
+        try:
+            return cls(str(value).strip().lower())
+        except ValueError:
+            return None
+
+    @classmethod
     def of_run(cls, tags: dict, mlflow_status: str) -> TrialStatus | str:
         """A run's state: its ``status`` tag, else derived from MLflow's run status."""
         tag = tags.get("status")

@@ -1,4 +1,4 @@
-"""MLflow tracking (DESIGN.md "Tracking").
+"""MLflow tracking (docs/ARCHITECTURE.md, "Tracking").
 
 - The store is ``MLFLOW_TRACKING_URI`` or ``sqlite:///mlflow.db`` in the working directory (the
   file store is deprecated). A new sqlite database is initialised once, under a file lock, before
@@ -9,12 +9,14 @@
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +61,21 @@ def init_store(uri: str) -> None:
         MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # runs the migrations
         fcntl.flock(lock, fcntl.LOCK_UN)
     _initialised.add(uri)
+
+
+@contextlib.contextmanager
+def quiet_downloads() -> Iterator[None]:
+    """MLflow draws a progress bar per downloaded artifact; not in a report's output."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    old = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
 
 
 def experiment_id(name: str, cl=None) -> str:

@@ -1,5 +1,5 @@
 """PNG plots of a sweep report: loss curves, per-seed final metric, metric against depth and
-router heatmaps (``make_plots`` draws all of them from report.py's runs frame).
+router heatmaps (``make_plots`` draws all of them from the report's runs frame).
 
 Same rules as ``orchestrator.analysis.plots`` (whose router heatmap the report reuses): a bare
 ``Figure`` on the Agg canvas (no pyplot, no display, no global state), matplotlib's default style
@@ -9,10 +9,6 @@ variant has the same color in every figure of a report.
 """
 from __future__ import annotations
 
-import contextlib
-import math
-import os
-import re
 import tempfile
 import warnings
 from collections.abc import Mapping, Sequence
@@ -27,9 +23,14 @@ import matplotlib.style  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+from orchestrator.analysis.metrics import router_source_map  # noqa: E402
+from orchestrator.analysis.plots import plot_router_map  # noqa: E402
+from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value, slug, to_float  # noqa: E402
+from orchestrator.core.status import TrialStatus  # noqa: E402
+from orchestrator.core.tracking import quiet_downloads  # noqa: E402
+
 __all__ = ["Curve", "aggregate_curves", "plot_curves", "plot_final", "plot_depth",
-           "router_map_from_npz", "mean_router_map", "make_plots"]
-FINISHED = "finished"
+           "router_map_from_npz", "mean_router_map", "router_maps", "make_plots", "finished"]
 CURVE_KEYS = ("train/loss", "val/loss")
 
 _DPI = 100
@@ -40,51 +41,9 @@ _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 Curve = tuple[np.ndarray, np.ndarray, float]
 
 
-# ------------------------------------------------------------------ value helpers (also report.py's)
-
-def norm_value(v: Any) -> Any:
-    """Python scalars; NaN -> None; integral floats -> int (12.0 and 12 are one group)."""
-    if isinstance(v, np.generic):
-        v = v.item()
-    if isinstance(v, float) and math.isnan(v):
-        return None
-    if isinstance(v, float) and v.is_integer():
-        return int(v)
-    return v
-
-
-def same_value(a: Any, b: Any) -> bool:
-    a, b = norm_value(a), norm_value(b)
-    return a is not None and b is not None and str(a) == str(b)
-
-
-def order_key(v: Any) -> tuple:
-    """Numbers ascending, then strings, then missing."""
-    v = norm_value(v)
-    if v is None:
-        return (2, 0.0, "")
-    if isinstance(v, (int, float)) and not isinstance(v, bool):
-        return (0, float(v), "")
-    return (1, 0.0, str(v))
-
-
-def cell_text(v: Any) -> str:
-    return "(missing)" if norm_value(v) is None else str(norm_value(v)).replace("|", "\\|")
-
-
-def to_float(v: Any) -> float:
-    try:
-        return math.nan if v is None else float(v)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", s).strip("_") or "x"
-
-
 def finished(df):
-    return df[df["status"].map(lambda s: str(s).strip().lower() == FINISHED)]
+    """The rows of trials that finished (the samples of the statistics)."""
+    return df[df["status"].map(lambda s: TrialStatus.parse(s) is TrialStatus.FINISHED)]
 
 
 # ------------------------------------------------------------------ plots
@@ -132,42 +91,47 @@ def plot_curves(curves: Mapping[str, Mapping[str, Sequence[Curve]]], path: str |
         fig = Figure(figsize=(11.0, 3.8 * len(keys)))
         axes = fig.subplots(len(keys), 2, squeeze=False)
         for row, key in enumerate(keys):
-            ax_step, ax_flop = axes[row]
-            any_flops = False
-            for label, runs in curves[key].items():
-                runs = [r for r in runs if len(r[0])]
-                if not runs:
-                    continue
-                color = _color(labels.index(label))
-                steps, mean, lo, hi = aggregate_curves(runs)
-                name = f"{label} (n={len(runs)})"
-                # markers on sparse curves (e.g. a few evaluations), where a line alone can vanish
-                mk = {"marker": "o", "markersize": 3} if len(steps) <= 30 else {}
-                ax_step.plot(steps, mean, color=color, label=name, linewidth=1.4, **mk)
-                ax_step.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
-                per_step = float(np.median([r[2] for r in runs]))
-                if np.isfinite(per_step) and per_step > 0:
-                    any_flops = True
-                    x = steps * per_step
-                    ax_flop.plot(x, mean, color=color, label=name, linewidth=1.4, **mk)
-                    ax_flop.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0)
-            ax_step.set_xlabel("step")
-            ax_flop.set_xlabel("training FLOPs (3 x forward)")
-            for ax in (ax_step, ax_flop):
-                ax.set_ylabel(key)
-                ax.grid(True, alpha=0.3)
-            if any_flops:
-                ax_flop.set_xscale("log")
-            else:
-                ax_flop.text(0.5, 0.5, "no model/flops_per_token logged", ha="center",
-                             va="center", transform=ax_flop.transAxes)
-            ax_step.legend(fontsize=7)
-            ax_step.set_title(f"{key}: mean, band = min-max over seeds", fontsize=9)
+            _curve_row(axes[row], key, curves[key], labels)
         fig.suptitle(title, fontsize=10)
         # Fixed margins: tight_layout would lay out every tick label once more (slow, same look).
         fig.subplots_adjust(left=0.07, right=0.97, bottom=0.45 / (3.8 * len(keys)) + 0.06,
                             top=1 - 0.5 / (3.8 * len(keys)), hspace=0.35, wspace=0.22)
         return _save(fig, path)
+
+
+def _curve_row(axes_row, key: str, by_label: Mapping[str, Sequence[Curve]], labels: list[str]) -> None:
+    """One metric of ``plot_curves``: by step on the left, by training FLOPs on the right."""
+    ax_step, ax_flop = axes_row
+    any_flops = False
+    for label, runs in by_label.items():
+        runs = [r for r in runs if len(r[0])]
+        if not runs:
+            continue
+        color = _color(labels.index(label))
+        steps, mean, lo, hi = aggregate_curves(runs)
+        name = f"{label} (n={len(runs)})"
+        # markers on sparse curves (e.g. a few evaluations), where a line alone can vanish
+        mk = {"marker": "o", "markersize": 3} if len(steps) <= 30 else {}
+        ax_step.plot(steps, mean, color=color, label=name, linewidth=1.4, **mk)
+        ax_step.fill_between(steps, lo, hi, color=color, alpha=0.2, linewidth=0)
+        per_step = float(np.median([r[2] for r in runs]))
+        if np.isfinite(per_step) and per_step > 0:
+            any_flops = True
+            x = steps * per_step
+            ax_flop.plot(x, mean, color=color, label=name, linewidth=1.4, **mk)
+            ax_flop.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0)
+    ax_step.set_xlabel("step")
+    ax_flop.set_xlabel("training FLOPs (3 x forward)")
+    for ax in (ax_step, ax_flop):
+        ax.set_ylabel(key)
+        ax.grid(True, alpha=0.3)
+    if any_flops:
+        ax_flop.set_xscale("log")
+    else:
+        ax_flop.text(0.5, 0.5, "no model/flops_per_token logged", ha="center",
+                     va="center", transform=ax_flop.transAxes)
+    ax_step.legend(fontsize=7)
+    ax_step.set_title(f"{key}: mean, band = min-max over seeds", fontsize=9)
 
 
 def plot_final(values: Mapping[str, Sequence[tuple[object, float]]], path: str | Path,
@@ -243,8 +207,6 @@ def router_map_from_npz(path: str | Path, n_kv_heads: int | None = None) -> np.n
 
     R (KV heads) is read off layer 0's (R, R) matrix; ``n_kv_heads`` only when layer 0 is absent.
     """
-    from orchestrator.analysis.metrics import router_source_map
-
     with np.load(path) as z:
         layers = sorted((k for k in z.files if k.startswith("layer_")), key=lambda k: int(k[6:]))
         dense = {int(k[6:]): z[k] for k in layers}
@@ -260,21 +222,6 @@ def mean_router_map(maps: Sequence[np.ndarray]) -> np.ndarray:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         return np.nanmean(np.stack(maps), axis=0)
-
-
-@contextlib.contextmanager
-def quiet_downloads():
-    """MLflow draws a progress bar per downloaded artifact; not in a report's output."""
-    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
-    old = os.environ.get(key)
-    os.environ[key] = "false"
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = old
 
 
 def router_maps(cl, runs_by_label: Mapping[str, Sequence[str]]
@@ -316,22 +263,10 @@ def make_plots(cl, df, histories: Mapping[str, Mapping[str, tuple[np.ndarray, np
 
     Returns ([(caption, file name)], notes) in a fixed order.
     """
-    from orchestrator.analysis.plots import plot_router_map
-
     plots: list[tuple[str, str]] = []
     fin = finished(df)
     cells = {lab: fin[fin["_cell"] == lab] for lab in labels}
-    curves: dict[str, dict[str, list[Curve]]] = {}
-    for key in CURVE_KEYS:
-        by = {}
-        for lab, part in cells.items():
-            runs = [(h[0], h[1], to_float(fps)) for rid, fps in zip(part["run_id"], part["flops_per_step"])
-                    if (h := histories.get(rid, {}).get(key)) is not None and len(h[0])]
-            if runs:
-                by[lab] = runs
-        if by:
-            curves[key] = by
-    if plot_curves(curves, out_dir / "loss_curves.png", f"{name}: loss curves (finished trials)"):
+    if plot_curves(_curves(cells, histories), out_dir / "loss_curves.png", f"{name}: loss curves (finished trials)"):
         plots.append(("Loss curves by step and by training FLOPs (mean, band = min-max over seeds)",
                       "loss_curves.png"))
 
@@ -342,21 +277,8 @@ def make_plots(cl, df, histories: Mapping[str, Mapping[str, tuple[np.ndarray, np
     plots.append((f"{metric} per seed (box over seeds, points labelled by seed)", "final_metric.png"))
 
     if "n_layers" in df.columns and len({str(norm_value(v)) for v in df["n_layers"]}) > 1:
-        line_by = axis if axis != "n_layers" else ("router" if "router" in df.columns else None)
-        keys = [None]
-        if line_by == axis:
-            keys = list(axis_order)
-        elif line_by is not None:
-            keys = sorted({norm_value(v) for v in fin[line_by]}, key=order_key)
-        series: dict[str, dict[float, list[float]]] = {}
-        for k in keys:
-            part = fin if k is None else fin[fin[line_by].map(lambda v, k=k: same_value(v, k))]
-            by_depth: dict[float, list[float]] = {}
-            for d, v in zip(part["n_layers"], part[metric]):
-                if norm_value(d) is not None:
-                    by_depth.setdefault(float(d), []).append(to_float(v))
-            series["all" if k is None else cell_text(k)] = by_depth
-        plot_depth(series, out_dir / "depth.png", metric, f"{name}: {metric} against depth")
+        plot_depth(_depth_series(df, fin, metric, axis, axis_order), out_dir / "depth.png", metric,
+                   f"{name}: {metric} against depth")
         plots.append((f"{metric} against depth (mean ± std over seeds)", "depth.png"))
 
     maps, notes = router_maps(cl, {lab: list(part["run_id"]) for lab, part in cells.items()})
@@ -367,3 +289,40 @@ def make_plots(cl, df, histories: Mapping[str, Mapping[str, tuple[np.ndarray, np
             plot_router_map(m, out_dir / fname, title=f"{lab}: mean |w| by source layer (n={n})")
             plots.append((f"Router source map of {lab} (mean over {n} seed(s))", fname))
     return plots, notes
+
+
+def _curves(cells: Mapping[str, Any], histories: Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]]
+            ) -> dict[str, dict[str, list[Curve]]]:
+    """key -> cell label -> the curves of the cell's finished runs (cells without any left out)."""
+    curves: dict[str, dict[str, list[Curve]]] = {}
+    for key in CURVE_KEYS:
+        by = {}
+        for lab, part in cells.items():
+            runs = [(h[0], h[1], to_float(fps)) for rid, fps in zip(part["run_id"], part["flops_per_step"])
+                    if (h := histories.get(rid, {}).get(key)) is not None and len(h[0])]
+            if runs:
+                by[lab] = runs
+        if by:
+            curves[key] = by
+    return curves
+
+
+def _depth_series(df, fin, metric: str, axis: str, axis_order: Sequence[Any]
+                  ) -> dict[str, dict[float, list[float]]]:
+    """One line per value of the axis (per router when depth is the axis; one line without a
+    router column): depth -> the metric of each finished seed."""
+    line_by = axis if axis != "n_layers" else ("router" if "router" in df.columns else None)
+    keys: list[Any] = [None]
+    if line_by == axis:
+        keys = list(axis_order)
+    elif line_by is not None:
+        keys = sorted({norm_value(v) for v in fin[line_by]}, key=order_key)
+    series: dict[str, dict[float, list[float]]] = {}
+    for k in keys:
+        part = fin if k is None else fin[fin[line_by].map(lambda v, k=k: same_value(v, k))]
+        by_depth: dict[float, list[float]] = {}
+        for d, v in zip(part["n_layers"], part[metric]):
+            if norm_value(d) is not None:
+                by_depth.setdefault(float(d), []).append(to_float(v))
+        series["all" if k is None else cell_text(k)] = by_depth
+    return series

@@ -28,113 +28,35 @@ seeds, the metric is any numeric column. Choices, and why:
   baseline mean, duplicate seeds) becomes a line in ``Comparison.notes``, never a crash.
 - Rendering is deterministic: fixed group order, fixed number formatting, no timestamps.
   The result types and their rendering live in ``orchestrator.report.stats_types`` and are
-  re-exported here.
+  re-exported here; the tests and intervals themselves in ``orchestrator.report.rank_tests``.
 """
 from __future__ import annotations
 
-import gc
-import inspect
 import math
-import warnings
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import Hashable
+from dataclasses import dataclass
 from itertools import combinations
 from typing import Any
 
 import numpy as np
 import pandas as pd
 from scipy import stats as sps
-from statsmodels.stats.multitest import multipletests
 
 from lime_arch.errors import ConfigError
+from orchestrator.core.fmt import is_number, order_key
+from orchestrator.core.status import TrialStatus
+from orchestrator.report.rank_tests import (
+    bootstrap_ci,
+    cliffs_delta,
+    holm,
+    kruskal_permutation_p,
+    mann_whitney,
+    min_reachable_p,
+)
 from orchestrator.report.stats_types import Comparison, GroupSummary, Omnibus, PairTest
 
-FINISHED = "finished"
 PERMUTATION_BELOW = 5  # a group smaller than this makes the chi-square approximation of H poor
-EXACT_MWU_MAX_N = 40  # scipy's exact U distribution (no ties) is cheap well beyond this
-
-
-def _rng_kwargs(func: Callable[..., Any], seed: int) -> dict[str, Any]:
-    """scipy renamed random_state to rng (1.15); pass whichever the installed version has."""
-    name = "rng" if "rng" in inspect.signature(func).parameters else "random_state"
-    return {name: np.random.default_rng(seed)}
-
-
-def cliffs_delta(a: np.ndarray, b: np.ndarray) -> float:
-    """P(a > b) - P(a < b) over all pairs; equals the rank-biserial correlation 2U/(n_a n_b) - 1."""
-    a, b = np.asarray(a, float), np.asarray(b, float)
-    return float(np.sign(a[:, None] - b[None, :]).mean())
-
-
-def min_reachable_p(n_a: int, n_b: int) -> float:
-    """Smallest two-sided exact Mann-Whitney p-value for n_a vs n_b samples (no ties)."""
-    return min(1.0, 2.0 / math.comb(n_a + n_b, n_a))
-
-
-def holm(pvalues: list[float], alpha: float = 0.05) -> tuple[list[float], list[bool]]:
-    if not pvalues:
-        return [], []
-    # statsmodels' Holm branch runs gc.collect() on every call, a full heap scan that costs
-    # ~0.2 s once torch/scipy are loaded. Freezing the existing objects for the call limits the
-    # scan to new ones; unfreeze puts them back, so nothing else changes.
-    gc.freeze()
-    try:
-        reject, adjusted, _, _ = multipletests(pvalues, alpha=alpha, method="holm")
-    finally:
-        gc.unfreeze()
-    return [float(x) for x in adjusted], [bool(x) for x in reject]
-
-
-def _mwu(a: np.ndarray, b: np.ndarray, n_resamples: int, seed: int) -> tuple[float, float, str]:
-    pooled = np.concatenate([a, b])
-    if np.all(pooled == pooled[0]):
-        # Every split gives the same U, so the exact p is 1; scipy's approximation would divide 0/0.
-        return len(a) * len(b) / 2.0, 1.0, "all values identical"
-    ties = len(np.unique(pooled)) < len(pooled)
-    if not ties and len(pooled) <= EXACT_MWU_MAX_N:
-        res = sps.mannwhitneyu(a, b, alternative="two-sided", method="exact")
-        return float(res.statistic), float(res.pvalue), "exact"
-    if ties and math.comb(len(pooled), len(a)) <= n_resamples:
-        perm = sps.PermutationMethod(n_resamples=n_resamples,
-                                     **_rng_kwargs(sps.PermutationMethod, seed))
-        res = sps.mannwhitneyu(a, b, alternative="two-sided", method=perm)
-        return float(res.statistic), float(res.pvalue), "exact permutation (ties)"
-    res = sps.mannwhitneyu(a, b, alternative="two-sided", method="asymptotic")
-    return float(res.statistic), float(res.pvalue), "asymptotic"
-
-
-def _kruskal_permutation(samples: list[np.ndarray], n_resamples: int,
-                         seed: int) -> tuple[float, str, int]:
-    sizes = [len(s) for s in samples]
-    n = sum(sizes)
-    ranks = sps.rankdata(np.concatenate(samples))
-    _, counts = np.unique(ranks, return_counts=True)
-    # Tie correction and N are the same for every permutation of the pooled ranks.
-    tie_c = 1.0 - float(np.sum(counts**3 - counts)) / (n**3 - n)
-
-    def h_stat(*groups: np.ndarray, axis: int = -1) -> np.ndarray:
-        s = sum(np.sum(g, axis=axis) ** 2 / g.shape[axis] for g in groups)
-        return (12.0 / (n * (n + 1)) * s - 3.0 * (n + 1)) / tie_c
-
-    bounds = np.cumsum(sizes)[:-1]
-    distinct = math.factorial(n) // math.prod(math.factorial(k) for k in sizes)
-    res = sps.permutation_test(tuple(np.split(ranks, bounds)), h_stat,
-                               permutation_type="independent", vectorized=True,
-                               n_resamples=n_resamples, alternative="greater",
-                               **_rng_kwargs(sps.permutation_test, seed))
-    # scipy enumerates exactly when n_resamples >= the number of distinct assignments.
-    if n_resamples >= distinct:
-        return float(res.pvalue), "exact", distinct
-    return float(res.pvalue), "monte-carlo", n_resamples
-
-
-def _bootstrap_ci(x: np.ndarray, confidence: float, n_resamples: int,
-                  seed: int) -> tuple[float, float]:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # degenerate-data warnings become notes upstream
-        res = sps.bootstrap((x,), np.mean, confidence_level=confidence, method="percentile",
-                            n_resamples=n_resamples, **_rng_kwargs(sps.bootstrap, seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def _plain(v: Any) -> Any:
@@ -156,18 +78,6 @@ def _is_missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or v is pd.NA or v is pd.NaT
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _order_key(v: Any, baseline: Any) -> tuple:
-    if v is None:
-        return (2, 0, "")
-    if _is_number(v):
-        return (0, float(v), "")
-    return (1, 0 if v == baseline else 1, str(v))
-
-
 def _require(df: pd.DataFrame, columns: dict[str, str]) -> None:
     for role, col in columns.items():
         if col not in df.columns:
@@ -179,7 +89,7 @@ def _resolve_baseline(baseline: Any, keys: list[Any], axis: str) -> Any:
     if baseline is None:
         return None
     for k in keys:
-        if (type(k) is type(baseline) or (_is_number(k) and _is_number(baseline))) and k == baseline:
+        if (type(k) is type(baseline) or (is_number(k) and is_number(baseline))) and k == baseline:
             return k
     for k in keys:  # MLflow params are strings: "12" should find 12 and vice versa
         if str(k) == str(baseline):
@@ -193,87 +103,130 @@ def compare(df: pd.DataFrame, metric: str = "final/val_loss", axis: str = "route
             confidence: float = 0.95, alpha: float = 0.05) -> Comparison:
     """Compare `metric` across the values of `axis`, seeds as samples (see module docstring)."""
     _require(df, {"metric": metric, "axis": axis, "seed": "seed", "status": "status"})
-    values = _column_keys(df[axis])
-    seeds = _column_keys(df["seed"])
-    statuses = [_plain(s) for s in df["status"].tolist()]
-    raw_metric = [_plain(m) for m in df[metric].tolist()]
-    numeric = pd.to_numeric(df[metric], errors="coerce").astype(float).to_numpy()
-    trial_ids = df["trial_id"].tolist() if "trial_id" in df.columns else None
-
-    keys = list(dict.fromkeys(v for v in values if v is not None))
+    rows = _Rows.of(df, metric, axis)
+    keys = list(dict.fromkeys(v for v in rows.values if v is not None))
     base = _resolve_baseline(baseline, keys, axis)
-    keys.sort(key=lambda v: _order_key(v, base))
-    position = {k: i for i, k in enumerate(keys)}
+    keys.sort(key=lambda v: order_key(v, first=base))
+    samples, sample_seeds, excluded = _split(rows, keys, axis)
+    data = {k: np.sort(np.asarray(samples[k], float)) for k in keys}
+    notes = _duplicate_seed_notes(sample_seeds, axis)
+    base_mean = _baseline_mean(data, base, axis, notes)
+    n_excl = Counter(e["value"] for e in excluded)
+    summaries = [_summarize(k, data[k], n_excl.get(k, 0), base_mean, axis, confidence, n_resamples,
+                            seed + i, notes) for i, k in enumerate(keys)]
+    usable = _testable(data, keys, axis, notes)
+    omnibus = _omnibus([data[k] for k in usable], tuple(usable), n_resamples, seed, notes)
+    posthoc = _posthoc(data, usable, base, axis, alpha, n_resamples, seed, notes)
+    return Comparison(metric=metric, axis=axis, baseline=base, confidence=confidence, alpha=alpha,
+                      seed=seed, n_resamples=n_resamples, groups=summaries, omnibus=omnibus,
+                      posthoc=posthoc, excluded=excluded, notes=notes)
 
+
+@dataclass
+class _Rows:
+    """The columns ``compare`` reads, as Python values (None for missing keys)."""
+
+    values: list[Any]
+    seeds: list[Any]
+    statuses: list[Any]
+    raw_metric: list[Any]
+    numeric: np.ndarray
+    trial_ids: list[Any] | None
+
+    @classmethod
+    def of(cls, df: pd.DataFrame, metric: str, axis: str) -> _Rows:
+        return cls(values=_column_keys(df[axis]), seeds=_column_keys(df["seed"]),
+                   statuses=[_plain(s) for s in df["status"].tolist()],
+                   raw_metric=[_plain(m) for m in df[metric].tolist()],
+                   numeric=pd.to_numeric(df[metric], errors="coerce").astype(float).to_numpy(),
+                   trial_ids=df["trial_id"].tolist() if "trial_id" in df.columns else None)
+
+
+def _exclusion(value: Any, status: Any, x: float, raw: Any, axis: str) -> str | None:
+    """Why a row is not a sample, or None when it is one."""
+    if value is None:
+        return f"missing value of {axis!r}"
+    if _is_missing(status):
+        return "missing status"
+    if TrialStatus.parse(status) is not TrialStatus.FINISHED:
+        return f"status is {status!r}, not {TrialStatus.FINISHED.value!r}"
+    if math.isnan(x):
+        return "metric is missing (nan)" if _is_missing(raw) else f"metric {raw!r} is not a number"
+    if math.isinf(x):
+        return f"metric is {'+' if x > 0 else '-'}inf"
+    return None
+
+
+def _split(rows: _Rows, keys: list[Any], axis: str
+           ) -> tuple[dict[Any, list[float]], dict[Any, list[Any]], list[dict[str, Any]]]:
+    """Samples and their seeds per group, and the excluded rows (sorted) with their reasons."""
     samples: dict[Any, list[float]] = {k: [] for k in keys}
     sample_seeds: dict[Any, list[Any]] = {k: [] for k in keys}
     excluded: list[dict[str, Any]] = []
-    for i, (v, s, st) in enumerate(zip(values, seeds, statuses)):
-        x = numeric[i]
-        if v is None:
-            reason = f"missing value of {axis!r}"
-        elif _is_missing(st):
-            reason = "missing status"
-        elif str(st).strip().lower() != FINISHED:
-            reason = f"status is {st!r}, not {FINISHED!r}"
-        elif math.isnan(x):
-            reason = ("metric is missing (nan)" if _is_missing(raw_metric[i])
-                      else f"metric {raw_metric[i]!r} is not a number")
-        elif math.isinf(x):
-            reason = f"metric is {'+' if x > 0 else '-'}inf"
-        else:
-            samples[v].append(float(x))
+    for i, (v, s, st) in enumerate(zip(rows.values, rows.seeds, rows.statuses)):
+        reason = _exclusion(v, st, rows.numeric[i], rows.raw_metric[i], axis)
+        if reason is None:
+            samples[v].append(float(rows.numeric[i]))
             sample_seeds[v].append(s)
             continue
         row = {"value": v, "seed": s, "status": None if _is_missing(st) else st, "reason": reason}
-        if trial_ids is not None:
-            row["trial_id"] = _plain(trial_ids[i])
+        if rows.trial_ids is not None:
+            row["trial_id"] = _plain(rows.trial_ids[i])
         excluded.append(row)
-    excluded.sort(key=lambda e: (position.get(e["value"], len(keys)), _order_key(e["seed"], None),
+    position = {k: i for i, k in enumerate(keys)}
+    excluded.sort(key=lambda e: (position.get(e["value"], len(keys)), order_key(e["seed"]),
                                  str(e["status"]), e["reason"], str(e.get("trial_id"))))
+    return samples, sample_seeds, excluded
 
-    notes: list[str] = []
-    data = {k: np.sort(np.asarray(samples[k], float)) for k in keys}
-    for k in keys:
-        dup = sorted((s for s, c in Counter(sample_seeds[k]).items() if c > 1),
-                     key=lambda s: _order_key(s, None))
+
+def _duplicate_seed_notes(sample_seeds: dict[Any, list[Any]], axis: str) -> list[str]:
+    notes = []
+    for k, seeds in sample_seeds.items():
+        dup = sorted((s for s, c in Counter(seeds).items() if c > 1), key=order_key)
         if dup:
             notes.append(f"{axis}={k}: seeds {dup} occur more than once; samples may not be "
                          "independent (pooled over another axis? use compare_by)")
+    return notes
 
+
+def _baseline_mean(data: dict[Any, np.ndarray], base: Any, axis: str, notes: list[str]) -> float:
+    """The baseline's mean (NaN when there is none), with a note when it cannot be used."""
     base_mean = float(np.mean(data[base])) if base is not None and len(data[base]) else math.nan
     if base is not None and not len(data[base]):
         notes.append(f"baseline {axis}={base} has no usable samples: no change vs baseline, "
                      "no baseline family")
     elif base is not None and base_mean == 0:
         notes.append(f"baseline {axis}={base} has mean 0: change vs baseline is undefined")
+    return base_mean
 
-    summaries = []
-    n_excl = Counter(e["value"] for e in excluded)
-    for i, k in enumerate(keys):
-        x = data[k]
-        n = len(x)
-        mean = float(np.mean(x)) if n else math.nan
-        ci = (math.nan, math.nan)
-        if n == 0:
-            notes.append(f"{axis}={k}: no usable samples")
-        elif n == 1:
-            notes.append(f"{axis}={k}: one sample, no std or CI")
-        elif np.all(x == x[0]):
-            ci = (float(x[0]), float(x[0]))
-            notes.append(f"{axis}={k}: all {n} values identical, CI collapses to the value")
-        else:
-            ci = _bootstrap_ci(x, confidence, n_resamples, seed + i)
-            if math.isnan(ci[0]) or math.isnan(ci[1]):
-                notes.append(f"{axis}={k}: bootstrap CI undefined")
-        change = (100.0 * (mean - base_mean) / abs(base_mean)
-                  if n and base_mean == base_mean and base_mean != 0 else math.nan)
-        summaries.append(GroupSummary(
-            value=k, n=n, n_excluded=n_excl.get(k, 0), mean=mean,
-            std=float(np.std(x, ddof=1)) if n > 1 else math.nan,
-            median=float(np.median(x)) if n else math.nan,
-            ci_low=ci[0], ci_high=ci[1], change_pct=change))
 
+def _summarize(k: Any, x: np.ndarray, n_excluded: int, base_mean: float, axis: str, confidence: float,
+               n_resamples: int, seed: int, notes: list[str]) -> GroupSummary:
+    """One group's numbers; its bootstrap uses ``seed`` (the comparison's seed + group index)."""
+    n = len(x)
+    mean = float(np.mean(x)) if n else math.nan
+    ci = (math.nan, math.nan)
+    if n == 0:
+        notes.append(f"{axis}={k}: no usable samples")
+    elif n == 1:
+        notes.append(f"{axis}={k}: one sample, no std or CI")
+    elif np.all(x == x[0]):
+        ci = (float(x[0]), float(x[0]))
+        notes.append(f"{axis}={k}: all {n} values identical, CI collapses to the value")
+    else:
+        ci = bootstrap_ci(x, confidence, n_resamples, seed)
+        if math.isnan(ci[0]) or math.isnan(ci[1]):
+            notes.append(f"{axis}={k}: bootstrap CI undefined")
+    change = (100.0 * (mean - base_mean) / abs(base_mean)
+              if n and base_mean == base_mean and base_mean != 0 else math.nan)
+    return GroupSummary(value=k, n=n, n_excluded=n_excluded, mean=mean,
+                        std=float(np.std(x, ddof=1)) if n > 1 else math.nan,
+                        median=float(np.median(x)) if n else math.nan,
+                        ci_low=ci[0], ci_high=ci[1], change_pct=change)
+
+
+def _testable(data: dict[Any, np.ndarray], keys: list[Any], axis: str, notes: list[str]) -> list[Any]:
+    """The groups with at least 2 samples (the ones the tests use), with notes on small ones."""
     if any(2 <= len(data[k]) < PERMUTATION_BELOW for k in keys):
         notes.append(f"percentile bootstrap CIs from fewer than {PERMUTATION_BELOW} samples are "
                      "too narrow; read them as descriptive")
@@ -282,11 +235,7 @@ def compare(df: pd.DataFrame, metric: str = "final/val_loss", axis: str = "route
     if left_out and len(usable) >= 2:
         notes.append("left out of Kruskal-Wallis and post-hoc tests (fewer than 2 samples): "
                      + ", ".join(f"{axis}={k}" for k in left_out))
-    omnibus = _omnibus([data[k] for k in usable], tuple(usable), n_resamples, seed, notes)
-    posthoc = _posthoc(data, usable, base, axis, alpha, n_resamples, seed, notes)
-    return Comparison(metric=metric, axis=axis, baseline=base, confidence=confidence, alpha=alpha,
-                      seed=seed, n_resamples=n_resamples, groups=summaries, omnibus=omnibus,
-                      posthoc=posthoc, excluded=excluded, notes=notes)
+    return usable
 
 
 def _omnibus(samples: list[np.ndarray], groups: tuple, n_resamples: int, seed: int,
@@ -308,7 +257,7 @@ def _omnibus(samples: list[np.ndarray], groups: tuple, n_resamples: int, seed: i
     h, p = float(res.statistic), float(res.pvalue)
     perm_p, perm_method, perm_count = nan, "", 0
     if min(len(s) for s in samples) < PERMUTATION_BELOW:
-        perm_p, perm_method, perm_count = _kruskal_permutation(samples, n_resamples, seed)
+        perm_p, perm_method, perm_count = kruskal_permutation_p(samples, n_resamples, seed)
         notes.append(f"some tested group has fewer than {PERMUTATION_BELOW} samples: the "
                      f"chi-square p of Kruskal-Wallis is unreliable, use the {perm_method} "
                      "permutation p")
@@ -328,7 +277,7 @@ def _posthoc(data: dict[Any, np.ndarray], usable: list[Any], base: Any, axis: st
     for family, pairs in families:
         if not pairs:
             continue
-        tests = [_mwu(data[a], data[b], n_resamples, seed) for a, b in pairs]
+        tests = [mann_whitney(data[a], data[b], n_resamples, seed) for a, b in pairs]
         adjusted, reject = holm([t[1] for t in tests], alpha)
         mins = [min_reachable_p(len(data[a]), len(data[b])) for a, b in pairs]
         for (a, b), (u, p, method), q, r, mp in zip(pairs, tests, adjusted, reject, mins):
@@ -359,7 +308,7 @@ def compare_by(df: pd.DataFrame, metric: str = "final/val_loss", axis: str = "ro
     _require(df, {"by": by, "metric": metric, "axis": axis})
     _resolve_baseline(baseline, [k for k in _column_keys(df[axis]) if k is not None], axis)
     by_values = _column_keys(df[by])
-    keys = sorted(dict.fromkeys(by_values), key=lambda v: _order_key(v, None))
+    keys = sorted(dict.fromkeys(by_values), key=order_key)
     out: dict[Hashable, Comparison] = {}
     for key in keys:
         part = df[[v == key for v in by_values]]

@@ -9,12 +9,14 @@ All names are re-exported by ``orchestrator.report.stats``.
 """
 from __future__ import annotations
 
-import math
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from typing import Any
 
 import pandas as pd
+
+from orchestrator.core.fmt import cell, num, pct, table
 
 
 @dataclass(frozen=True)
@@ -61,31 +63,9 @@ class PairTest:
     method: str
 
 
-def _fmt(x: float, digits: int) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "nan"
-    x = float(x)
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if x == 0:
-        return "0"  # also turns -0.0 into 0
-    if abs(x) >= 10**digits:
-        return f"{x:.0f}"
-    return f"{x:.{digits}g}"
-
-
-def _pct(x: float) -> str:
-    return "nan" if math.isnan(x) else ("0.00%" if x == 0 else f"{x:+.2f}%")
-
-
-def _cell(v: Any) -> str:
-    return "(missing)" if v is None else str(v).replace("|", "\\|")
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(r) + " |" for r in rows]
-    return out
+def _formatter(digits: int) -> Callable[[float], str]:
+    """A statistic with ``digits`` significant digits; an undefined one (NaN) as ``nan``."""
+    return partial(num, digits=digits, missing="nan")
 
 
 @dataclass
@@ -123,41 +103,50 @@ class Comparison:
                             + (["trial_id"] if any("trial_id" in e for e in self.excluded) else []))
 
     def to_markdown(self, digits: int = 4) -> str:
-        f = lambda x: _fmt(x, digits)  # noqa: E731
-        base = "none" if self.baseline is None else f"`{_cell(self.baseline)}`"
-        level = f"{self.confidence * 100:g}%"
-        lines = [f"**{_cell(self.metric)}** by `{_cell(self.axis)}` (baseline: {base}; "
+        """The comparison as markdown: header, group table, Kruskal-Wallis line, post-hoc table,
+        excluded trials and notes. NaN is written ``nan`` (a statistic that is undefined)."""
+        base = "none" if self.baseline is None else f"`{cell(self.baseline)}`"
+        lines = [f"**{cell(self.metric)}** by `{cell(self.axis)}` (baseline: {base}; "
                  f"samples are seeds; seed {self.seed}, {self.n_resamples} resamples)", ""]
-        lines += _table(["value", "n", "mean", "std", "median", f"{level} CI (mean)",
-                         "change vs baseline"],
-                        [[_cell(g.value), str(g.n), f(g.mean), f(g.std), f(g.median),
-                          f"[{f(g.ci_low)}, {f(g.ci_high)}]", _pct(g.change_pct)]
-                         for g in self.groups])
-        o = self.omnibus
-        lines.append("")
-        if o.status == "ok":
-            line = (f"Kruskal-Wallis (tie-corrected): H = {f(o.h)}, df = {o.df}, "
-                    f"p = {f(o.p)} (chi-square), epsilon^2 = {f(o.epsilon_sq)}, N = {o.n_total}")
-            if o.perm_method:
-                line += (f"; permutation p = {f(o.perm_p)} "
-                         f"({o.perm_method}, {o.perm_count} permutations)")
-            lines.append(line + ".")
-        else:
-            lines.append(f"Kruskal-Wallis: {o.status} (H = {f(o.h)}, p = {f(o.p)}).")
+        lines += self._group_table(digits)
+        lines += ["", self._omnibus_line(digits)]
         if self.posthoc:
             lines += ["", "Post-hoc: two-sided Mann-Whitney U, Holm-corrected within each family; "
                       "delta is Cliff's delta (positive: a has the larger metric); "
                       "min p is the smallest p the sample sizes allow.", ""]
-            lines += _table(["family", "a", "b", "n_a", "n_b", "U", "p", "p (Holm)",
-                             f"Holm p <= {self.alpha:g}", "delta", "min p", "test"],
-                            [[r.family, _cell(r.a), _cell(r.b), str(r.n_a), str(r.n_b), f(r.u),
-                              f(r.p), f(r.p_holm), "yes" if r.reject else "no",
-                              f(r.cliffs_delta), f(r.min_p), r.method] for r in self.posthoc])
+            lines += self._posthoc_table(digits)
         if self.excluded:
             lines += ["", "Excluded trials:", ""]
-            lines += _table(["value", "seed", "status", "reason"],
-                            [[_cell(e["value"]), _cell(e["seed"]), _cell(e["status"]),
-                              _cell(e["reason"])] for e in self.excluded])
+            lines += table(["value", "seed", "status", "reason"],
+                           [[cell(e["value"]), cell(e["seed"]), cell(e["status"]), cell(e["reason"])]
+                            for e in self.excluded])
         if self.notes:
             lines += ["", "Notes:", ""] + [f"- {n}" for n in self.notes]
         return "\n".join(lines) + "\n"
+
+    def _group_table(self, digits: int) -> list[str]:
+        f = _formatter(digits)
+        level = f"{self.confidence * 100:g}%"
+        return table(["value", "n", "mean", "std", "median", f"{level} CI (mean)", "change vs baseline"],
+                     [[cell(g.value), str(g.n), f(g.mean), f(g.std), f(g.median),
+                       f"[{f(g.ci_low)}, {f(g.ci_high)}]", pct(g.change_pct, missing="nan")]
+                      for g in self.groups])
+
+    def _omnibus_line(self, digits: int) -> str:
+        f = _formatter(digits)
+        o = self.omnibus
+        if o.status != "ok":
+            return f"Kruskal-Wallis: {o.status} (H = {f(o.h)}, p = {f(o.p)})."
+        line = (f"Kruskal-Wallis (tie-corrected): H = {f(o.h)}, df = {o.df}, "
+                f"p = {f(o.p)} (chi-square), epsilon^2 = {f(o.epsilon_sq)}, N = {o.n_total}")
+        if o.perm_method:
+            line += f"; permutation p = {f(o.perm_p)} ({o.perm_method}, {o.perm_count} permutations)"
+        return line + "."
+
+    def _posthoc_table(self, digits: int) -> list[str]:
+        f = _formatter(digits)
+        return table(["family", "a", "b", "n_a", "n_b", "U", "p", "p (Holm)", f"Holm p <= {self.alpha:g}",
+                      "delta", "min p", "test"],
+                     [[r.family, cell(r.a), cell(r.b), str(r.n_a), str(r.n_b), f(r.u), f(r.p), f(r.p_holm),
+                       "yes" if r.reject else "no", f(r.cliffs_delta), f(r.min_p), r.method]
+                      for r in self.posthoc])

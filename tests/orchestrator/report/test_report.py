@@ -102,11 +102,23 @@ def add_trial(cl, exp_id: str, parent: str | None, sweep: str, router: str, seed
     return rid
 
 
+def log_sweep_params(cl, parent: str, *, axes: str, axis: str, baseline: str, n_trials: int,
+                     metric: str = "final/val_loss") -> None:
+    """The params orchestrator.sweep.driver logs on a parent run (the report reads them)."""
+    from mlflow.entities import Param
+
+    params = {"sweep.n_trials": n_trials, "sweep.axes": axes, "sweep.report.metric": metric,
+              "sweep.report.axis": axis, "sweep.report.baseline": baseline,
+              "sweep.fingerprint": "0123456789abcdef"}
+    cl.log_batch(parent, params=[Param(k, str(v)) for k, v in params.items()])
+
+
 def fill_router_sweep(cl) -> str:
     exp = tracking.experiment_id(SWEEP, cl)
     # like orchestrator.sweep.driver: the parent carries sweep_role=parent and the launched sweep file
     parent = cl.create_run(exp, start_time=T0, run_name=SWEEP,
                            tags={"sweep": SWEEP, "sweep_role": "parent"}).info.run_id
+    log_sweep_params(cl, parent, axes="router,seed", axis="router", baseline="none", n_trials=12)
     with tempfile.TemporaryDirectory() as d:
         (Path(d) / f"{SWEEP}.yaml").write_text(SWEEP_YAML)
         cl.log_artifact(parent, str(Path(d) / f"{SWEEP}.yaml"), "sweep")
@@ -143,7 +155,7 @@ def store(tmp_path_factory):
 def router_sweep(store):
     root, cl = store
     parent = fill_router_sweep(cl)
-    # an edited local copy of the file: the report must show the launched one, and say so
+    # an edited local copy of the file: the report must ignore it and show the launched one
     (root / "sweeps").mkdir()
     (root / "sweeps" / f"{SWEEP}.yaml").write_text(SWEEP_YAML.replace("first-4]", "first-4, last-4]"))
     first = build_report(SWEEP, out=root / "out1")
@@ -234,8 +246,9 @@ def test_sections_plots_and_reproducibility(router_sweep):
     assert "## Compute" in md and "| **total** | 12 |" in md
     assert "`abc123def456`" in md and "- Seeds: 0, 1, 2, 3" in md
     assert "```yaml\n" + SWEEP_YAML.rstrip("\n") + "\n```" in md  # verbatim, from the parent
+    # the edited local sweeps/<name>.yaml plays no part: the report reads MLflow only
     assert f"artifact sweep/{SWEEP}.yaml of the parent run" in md and "last-4" not in md
-    assert f"sweeps/{SWEEP}.yaml has changed since the sweep was launched" in md
+    assert "sweeps/" not in md and "defaults are used" not in md
     assert "torch " in md and "mlflow " in md
 
 
@@ -281,7 +294,9 @@ def test_depth_sweep(store, tmp_path):
     sweep_file = tmp_path / f"{DEPTH}.yaml"
     sweep_file.write_text(f"name: {DEPTH}\ndescription: d\ngrid:\n  model.n_layers: [2, 4]\n"
                           "  router: [none, full]\n  seed: [0, 1, 2]\n")
-    md_path = build_report(str(sweep_file), out=tmp_path / "out")
+    # a file path goes through the CLI, which loads the file with the sweep layer
+    assert cli_main(["report", str(sweep_file), "--out", str(tmp_path / "out")]) == 0
+    md_path = tmp_path / "out" / DEPTH / "report.md"
     out = md_path.parent
     assert out.name == DEPTH and (out / "depth.png").is_file()
     md = md_path.read_text()
@@ -301,8 +316,9 @@ def test_depth_sweep(store, tmp_path):
     assert "This table pools all depths" in md
 
     # --axis n_layers: the file's baseline (a router) does not apply; the first depth is the baseline
-    md2 = build_report(str(sweep_file), out=tmp_path / "by-depth", axis="model.n_layers",
-                       log_to_mlflow=False).read_text()
+    assert cli_main(["report", str(sweep_file), "--out", str(tmp_path / "by-depth"),
+                     "--axis", "model.n_layers"]) == 0
+    md2 = (tmp_path / "by-depth" / DEPTH / "report.md").read_text()
     assert "using the first value, 2" in md2 and "## Results by depth" not in md2
     s2 = summary(tmp_path / "by-depth" / DEPTH)
     assert list(s2.index) == [2, 4] and s2.loc[4, "n"] == 6
@@ -328,6 +344,9 @@ def test_unknown_sweep_and_bad_metric(store, tmp_path, capsys):
     assert cli_main(["report", "tiny-sweep", "--out", str(tmp_path / "o")]) == 0
     printed = capsys.readouterr().out.strip()
     assert printed.endswith("tiny-sweep/report.md") and Path(printed).is_file()
+    md = Path(printed).read_text()
+    assert "- no parent run of the sweep in MLflow, so no report settings: the defaults are used" in md
+    assert "(not found: no YAML artifact on the parent run)" in md
     assert math.isfinite(pd.read_csv(tmp_path / "o" / "tiny-sweep" / "summary.csv")["mean"][0])
 
 
@@ -341,3 +360,68 @@ def test_router_heatmap_is_the_mean_over_seeds_of_logged_weights(router_sweep, s
     assert n == 3 and "none" not in maps and notes and notes[0].startswith("none: 1 finished run")
     # seed 0 has x = 1, seeds 1 and 2 have x = 3 (see router_npz)
     np.testing.assert_allclose(m, [[1, 0, 0], [2 / 3, 1 / 3, 0], [2 / 3, 0, 1 / 3]])
+
+
+def test_settings_come_from_the_parent_run(store, tmp_path):
+    cl = store[1]
+    name = "report-test-params"
+    exp = tracking.experiment_id(name, cl)
+    parent = cl.create_run(exp, start_time=T0, run_name=name,
+                           tags={"sweep": name, "sweep_role": "parent"}).info.run_id
+    log_sweep_params(cl, parent, axes="model.n_layers,router,seed", axis="model.n_layers",
+                     baseline="4", n_trials=8)
+    # the logged file says otherwise: it is shown verbatim, never read for settings
+    text = f"name: {name}\ndescription: d\ngrid:\n  router: [none, full]\nreport: {{axis: router}}\n"
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / f"{name}.yaml").write_text(text)
+        cl.log_artifact(parent, str(Path(d) / f"{name}.yaml"), "sweep")
+    finals = {("none", 2): [3.0, 3.2], ("full", 2): [2.9, 3.1], ("none", 4): [2.8, 3.0], ("full", 4): [2.6, 2.8]}
+    start = T0
+    for (router, depth), vals in finals.items():
+        for seed, v in enumerate(vals):
+            add_trial(cl, exp, parent, name, router, seed, n_layers=depth, final=v, status="finished",
+                      start=start)
+            start += 1000
+    md = build_report(name, out=tmp_path / "a", log_to_mlflow=False).read_text()
+    assert "- Metric `final/val_loss` compared across `n_layers`, baseline `4`" in md
+    s = summary(tmp_path / "a" / name)
+    assert list(s.index) == [2, 4] and bool(s.loc[4, "baseline"]) and s.loc[4, "n"] == 4
+    assert s.loc[2, "change_pct"] == pytest.approx(100 * (3.05 - 2.8) / 2.8)
+    assert "```yaml\n" + text.rstrip("\n") + "\n```" in md and "defaults are used" not in md
+    assert "| 2, router=full | 2 |" in md  # cells split by the other axis
+    # --axis router: the sweep's baseline is a depth, so the default baseline applies
+    md = build_report(name, out=tmp_path / "b", axis="router", log_to_mlflow=False).read_text()
+    assert "compared across `router`, baseline `none`" in md
+    # --baseline overrides the sweep's; a value no run has is an error, not a fallback
+    md = build_report(name, out=tmp_path / "c", baseline="2", log_to_mlflow=False).read_text()
+    assert "compared across `n_layers`, baseline `2`" in md
+    with pytest.raises(ConfigError, match="stats.baseline: '8' is not a value"):
+        build_report(name, out=tmp_path / "d", baseline="8", log_to_mlflow=False)
+
+
+def test_parent_without_settings_uses_the_defaults(store, tmp_path):
+    cl = store[1]
+    name = "report-test-noparams"
+    exp = tracking.experiment_id(name, cl)
+    parent = cl.create_run(exp, start_time=T0, run_name=name,
+                           tags={"sweep": name, "sweep_role": "parent"}).info.run_id
+    for seed, (router, v) in enumerate([("full", 2.9), ("full", 3.0), ("first-4", 3.1), ("first-4", 3.2)]):
+        add_trial(cl, exp, parent, name, router, seed, final=v, status="finished", start=T0 + seed)
+    md = build_report(name, out=tmp_path, log_to_mlflow=False).read_text()
+    assert ("- the parent run has no report settings (sweep.report.* params): the defaults are used "
+            "(metric final/val_loss, axis router, baseline none)") in md
+    # the default baseline is not a value of the axis: the first value stands in, with a note
+    assert "the default baseline 'none' is not a value of 'router'; using the first value, 'first-4'" in md
+
+
+def test_report_of_a_file_that_no_longer_validates(router_sweep, store, tmp_path, capsys):
+    bad = tmp_path / f"{SWEEP}.yaml"
+    bad.write_text(SWEEP_YAML + "retired_key: 1\n")
+    assert cli_main(["report", str(bad), "--out", str(tmp_path / "o")]) == 0
+    md = (tmp_path / "o" / SWEEP / "report.md").read_text()
+    assert f"Sweep file ({SWEEP}.yaml):" in md and "retired_key: 1" in md
+    assert f"the sweep file does not validate with this code ({SWEEP}.yaml: retired_key: unknown key" in md
+    assert "- Metric `final/val_loss` compared across `router`, baseline `none`" in md  # the parent's
+    assert cli_main(["report", str(tmp_path / "gone.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: report: sweep file") and err.endswith("gone.yaml does not exist")

@@ -219,9 +219,53 @@ def test_row_order_does_not_change_the_report():
     shuffled = df.sample(frac=1.0, random_state=0).reset_index(drop=True)
     one, two = compare(df).to_markdown(), compare(df).to_markdown()
     assert one == two == compare(shuffled).to_markdown()
-    comp = compare(df)
-    assert comp.to_markdown(digits=3) == comp.to_markdown(digits=3)
     assert "| full | 4 | 2.2 |" in one
+
+
+def test_markdown_of_a_small_case_by_hand():
+    # none 3.0 3.2 3.1, full 2.0 2.2 2.1 (+ a diverged full trial). Means 3.1 / 2.1, std 0.1 each,
+    # change (2.1 - 3.1) / 3.1 = -32.26%. With 2-3 samples every percentile-bootstrap resample
+    # set hits the all-min and all-max means more than 2.5% of the time, so the CI is [min, max].
+    # Ranks: full 1 2 3, none 4 5 6 -> H = 12/42 (15^2/3 + 6^2/3) - 21 = 27/7 = 3.857, df 1,
+    # p = erfc(sqrt(H/2)) = 0.0495, epsilon^2 = H/5 = 0.771; exact permutation p: 2 of the
+    # C(6,3) = 20 splits are as extreme -> 0.1. Mann-Whitney: U(full) = 0, U(none) = 9, exact
+    # p = 2/20 = 0.1 = the smallest reachable p, Cliff's delta -1 / +1.
+    df = frame({"none": [3.0, 3.2, 3.1], "full": [2.0, 2.2, 2.1]},
+               extra=[{"router": "full", "seed": 3, "status": "diverged", M: np.nan}])
+    expected = """\
+**final/val_loss** by `router` (baseline: `none`; samples are seeds; seed 0, 9999 resamples)
+
+| value | n | mean | std | median | 95% CI (mean) | change vs baseline |
+|---|---|---|---|---|---|---|
+| none | 3 | 3.1 | 0.1 | 3.1 | [3, 3.2] | 0.00% |
+| full | 3 | 2.1 | 0.1 | 2.1 | [2, 2.2] | -32.26% |
+
+Kruskal-Wallis (tie-corrected): H = 3.86, df = 1, p = 0.0495 (chi-square), epsilon^2 = 0.771, \
+N = 6; permutation p = 0.1 (exact, 20 permutations).
+
+Post-hoc: two-sided Mann-Whitney U, Holm-corrected within each family; delta is Cliff's delta \
+(positive: a has the larger metric); min p is the smallest p the sample sizes allow.
+
+| family | a | b | n_a | n_b | U | p | p (Holm) | Holm p <= 0.05 | delta | min p | test |
+|---|---|---|---|---|---|---|---|---|---|---|---|
+| baseline | full | none | 3 | 3 | 0 | 0.1 | 0.1 | no | -1 | 0.1 | exact |
+| all-pairs | none | full | 3 | 3 | 9 | 0.1 | 0.1 | no | 1 | 0.1 | exact |
+
+Excluded trials:
+
+| value | seed | status | reason |
+|---|---|---|---|
+| full | 3 | diverged | status is 'diverged', not 'finished' |
+
+Notes:
+
+- percentile bootstrap CIs from fewer than 5 samples are too narrow; read them as descriptive
+- some tested group has fewer than 5 samples: the chi-square p of Kruskal-Wallis is unreliable, \
+use the exact permutation p
+- baseline: the smallest p-value these sample sizes can reach is 0.1, so no pair can reach p < 0.05
+- all-pairs: the smallest p-value these sample sizes can reach is 0.1, so no pair can reach p < 0.05
+"""
+    assert compare(df).to_markdown(digits=3) == expected
 
 
 # ---------------------------------------------------------------- degenerate cases
