@@ -12,6 +12,7 @@ _EXPORTS = {
     "ConfigError": "lime_arch.errors",
     "ModelConfig": "lime_arch.config", "PRESETS": "lime_arch.config", "preset": "lime_arch.config",
     "ROUTERS": "lime_arch.routers", "Router": "lime_arch.routers", "register_router": "lime_arch.routers",
+    "RouterKind": "lime_arch.routers", "RouterArg": "lime_arch.routers", "router_specs": "lime_arch.routers",
     "parse_router": "lime_arch.routers", "build_router": "lime_arch.routers",
     "LIMeDecoder": "lime_arch.model", "build_model": "lime_arch.model", "KVCache": "lime_arch.model",
     "generate": "lime_arch.generate",

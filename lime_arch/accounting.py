@@ -8,7 +8,7 @@ multiply-accumulates of
     counted for the full context (2 * seq_len * H * Hd MACs per layer, not halved for the
     causal mask, as in Kaplan et al. and Chinchilla),
   - routing: per layer l >= 1 the router's MACs for K and V (full: 2 * R * |S_l|R * Hd, which
-    is PAPER.md's sum_l 2*R*(l+1)*R*2*Hd in FLOPs).
+    is the paper's sum_l 2*R*(l+1)*R*2*Hd in FLOPs, arXiv 2502.09245).
 Norms, RoPE, softmax and residual adds are left out (they are O(d) per token).
 Training FLOPs are taken as 3 x forward.
 """

@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from lime_arch.errors import ConfigError
+from lime_arch.routers import parse_router
 
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 ROUTER_INITS = ("paper", "identity")
@@ -67,8 +68,6 @@ class ModelConfig:
                 raise ConfigError(f"model.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"model.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
-        from lime_arch.routers import parse_router  # late import: routers import this module
-
         parse_router(self.router)  # raises ConfigError listing the registered routers
 
     @property
@@ -139,7 +138,7 @@ register_preset("deep128")(lambda: _deep(128))
 
 @register_preset("1b")
 def _1b() -> dict[str, Any]:
-    # PAPER.md Table 4 (MHA): 1.17674B parameters.
+    # The paper's 1B MHA LLaMA (arXiv 2502.09245): 1.17674B parameters.
     return {**_base(), "vocab_size": GPT2_VOCAB, "d_model": 2048, "n_layers": 16, "n_heads": 32,
             "n_kv_heads": 32, "ffn_dim": 8192, "max_seq_len": 2048}
 

@@ -1,58 +1,58 @@
 """Executing the routing: the K/V buffer and its mixers.
 
-Every mixer maps raw K/V of the current tokens (B, T, R, Hd) to routed K/V (B, R, T, Hd).
-Routing is per position, so the same code serves training, prefill and one-token decoding.
+Every mixer maps the raw K/V of the current tokens (B, T, R, Hd) to routed K/V (B, R, T, Hd).
+Routing is per position, so the same code serves training, prefill and one-token decoding. The
+mixer is chosen from the router's kind alone (``make_mixer``) and multiplies exactly what the
+router's ``weight(l)`` returns. docs/ARCHITECTURE.md, "Routing internals", walks through this.
 
-Design of ``BufferMixer`` (learned routers; why it is fast and lean):
+How ``BufferMixer`` (the learned kinds) is fast and lean:
 
-- The buffer. Every layer writes its raw, pre-RoPE K and V once into a preallocated tensor
-  ``buf`` of shape (D, L*rs, N); K and V of a head sit side by side in one row, so one product
-  mixes both. Three layouts, chosen from the router (``Layout``):
-    linear  (full, first-j, last-j, dilated-d): D = 1,  rs = R rows per slot, N = 2*B*T*Hd;
-    perdim  (per-dim):                          D = Hd, rs = R,               N = 2*B*T;
-    diag    (no-head-mix: one weight per slot, same head index): D = R (a batch per head),
-            rs = 1, N = 2*B*T*Hd, so the product does R*|S| MACs per column, not the R*|S|*R of
-            the dense block-diagonal matrix.
-  Routing layer l is ``W_l (D, Mo, |S_l|*rs) @ buf[source rows]`` (Mo = R, or 1 for diag) on
-  views of the buffer: no concatenation, memory O(L), not O(L^2). On CPU the buffer comes from
-  a small pool (``Pool``): a fresh multi-MB tensor per step costs page faults on first touch.
-  Gradient-side tensors are not pooled (they would sit in memory between steps and raise the
-  next step's peak).
-- Blocking over layers. A product with only Mo output rows streams the buffer prefix once per
-  layer and runs far below matmul speed (on the dev CPU ~8 GFLOP/s at 8 rows vs 35-50 at 64+).
-  Layers are grouped in blocks of ``m``. When layer l0 starts block b every slot below l0 is
-  written, so that layer also computes ``P_b = W_pre @ buf[U_b]`` once: the contribution of the
-  old slots U_b (the union of the block's sources below l0) to every member of the block (the
-  layers with such sources), m*Mo rows in one product. Each layer then adds only its in-block
-  sources. ``choose_block`` picks m from a traffic model of the router's source sets (16 for
-  full at 64-128 layers, 8 at 16; no blocking, m = L, for last-j), with m*Mo <= 128.
-Code: ``kvplan`` (layouts, blocks, per-layer plans), ``kvstate`` (pooled tensors, the per-pass
-buffer state, the autograd functions), this module (the mixers).
-
-- Autograd: one custom function per layer. Writing into a tensor in place breaks autograd's
-  saved-tensor checks, so ``LayerFn`` (layers >= 1) and ``Write0`` (layer 0, which reads its
-  K/V unrouted) do the bookkeeping themselves. Layer l's function consumes layer l-1's routed K
-  (the *link*), so in backward layer l runs only after every later layer. A router weight enters
-  exactly one function as it is (no autograd op in between); the first layer of a block also
-  takes the other members' weights. Backward of layer l:
-    * store g_l (its output gradient) into its rows of the block's grad-out buffer G_b, and
-      dW of its in-block columns, g_l @ buf[in-block rows]^T;
+- The buffer. Every layer writes its raw, pre-RoPE K and V once into a preallocated tensor of
+  shape (D, L*rows_per_slot, N); K and V of a head sit side by side in one row, so one product
+  mixes both. Three layouts, one per learned kind (``Layout``):
+    linear    (full, first-j, last-j, dilated-d): D = 1,  R rows per slot, N = 2*B*T*Hd;
+    per-dim:                                      D = Hd, R rows per slot, N = 2*B*T;
+    same-head (no-head-mix: one weight per slot and head): D = R (a batch per head), 1 row per
+              slot, N = 2*B*T*Hd, so the product does R*|S| MACs per column, not the R*|S|*R of
+              the dense block-diagonal matrix.
+  Routing layer l is ``operand(weight(l)) (D, out_rows, |S_l|*rows_per_slot) @ buf[source rows]``
+  on views of the buffer: no concatenation, memory O(L), not O(L^2). On CPU the buffer comes from
+  a small pool (``lime_arch.routing.pool``). Gradient-side tensors are not pooled (they would sit
+  in memory between steps and raise the next step's peak).
+- Blocking over layers. A product with only out_rows output rows streams the buffer prefix once
+  per layer and runs far below matmul speed (on the dev CPU ~8 GFLOP/s at 8 rows vs 35-50 at
+  64+). Layers are grouped in blocks. When layer l0 starts a block every slot below l0 is
+  written, so that layer also computes ``P = W_old @ buf[old slots]`` once: the contribution of
+  the old slots (the union of the block's sources below l0) to every member of the block (the
+  layers with such sources), in one product of members*out_rows rows. Each layer then adds only
+  its in-block sources. ``choose_block`` picks the block size from the traffic model of the
+  router's source sets (``lime_arch.routing.plan.traffic``; 16 for full at 64-128 layers, 8 at
+  16; no blocking for last-j), with block*out_rows <= 128.
+- Autograd: one custom function per layer (``lime_arch.routing.state``). Writing into a tensor in
+  place breaks autograd's saved-tensor checks, so ``RouteLayer`` (layers >= 1) and
+  ``WriteLayer0`` (layer 0, which reads its K/V unrouted) do the bookkeeping themselves. Layer
+  l's function consumes layer l-1's routed K (the *link*), so in backward layer l runs only after
+  every later layer. A layer's weight enters exactly one function as ``weight(l)`` returned it;
+  the first layer of a block also takes the other members' weights. Backward of layer l:
+    * store its output gradient g_l into its rows of the block's grad_out, and the dW of its
+      in-block columns, g_l @ buf[in-block rows]^T;
     * at a block's first layer (every later layer of the block is done): the old-slot part with
-      two products of m*Mo rows, dW_pre = G_b @ buf[U_b]^T and grad[U_b] += W_pre^T G_b (the only
-      read-modify-write of the K/V gradient buffer, once per block), and the members' whole dW;
+      two products of members*out_rows rows, dW_old = grad_out @ buf[old slots]^T and
+      grad[old slots] += W_old^T grad_out (the only read-modify-write of the K/V gradient
+      buffer, once per block), and the members' whole dW;
     * slot l's gradient, computed once: every reader of slot l is done, so
-      grad_l = grad[l] + W_in(l)^T @ G_b[readers of l], one product over the stacked in-block
-      weights ``W_in`` of the block (filled in forward), handed out as a fresh tensor.
-  G_b starts at zero, so a layer whose output got no gradient contributes nothing (a partial
-  forward stays exact). G_b and W_in are dropped at the block's first layer; at layer 0 the
-  buffer goes back to the pool.
+      grad_l = grad[l] + W_in(l)^T @ grad_out[readers of l], one product over the block's stacked
+      in-block weights ``in_weights`` (filled in forward), handed out as a fresh tensor.
+  grad_out starts at zero, so a layer whose output got no gradient contributes nothing (a
+  partial forward stays exact). A block's grad_out and in_weights are dropped at its first
+  layer; at layer 0 the buffer goes back to the pool.
 - Memory over the baseline: one copy of the raw K/V, one block of routed K/V in flight, and
-  during backward the K/V gradient buffer (blocked routers only) and G_b of one block; the
+  during backward the K/V gradient buffer (blocked routers only) and grad_out of one block; the
   paper's concatenation holds O(L^2).
 - Python overhead matters at these sizes (a view op from Python costs microseconds, more with
   cold caches inside a real step): per-layer K/V views of the pooled buffer are memoised on it,
-  router weights' (D, Mo, cols) views are memoised per parameter (``Layout.views``), and K/V
-  views are made with ``as_strided``.
+  views of weights that are parameters are memoised per parameter (``Layout.split_columns``),
+  and K/V views are made with ``as_strided``.
 - Per-dim: the product's output has Hd as its batch dimension, so routed K/V are copied once
   into (B, R, T, Hd) order with Hd contiguous (attention kernels need that; SDPA would otherwise
   fall back to its slow math path), and its weights are made contiguous per layer (bmm needs a
@@ -72,9 +72,10 @@ from __future__ import annotations
 
 import torch
 
-from lime_arch.routers import Router
-from lime_arch.routing.plan import Layout, plan_for
-from lime_arch.routing.state import POOL, Buf, BufferState, LayerFn, Write0
+from lime_arch.routers import Router, RouterKind
+from lime_arch.routing.plan import layout_for, plan_for
+from lime_arch.routing.pool import POOL, Buf
+from lime_arch.routing.state import BufferState, RouteLayer, WriteLayer0
 
 Tensor = torch.Tensor
 
@@ -88,6 +89,8 @@ def _split_small(out: Tensor, B: int, T: int, R: int, Hd: int) -> tuple[Tensor, 
 
 
 class IdentityMixer:
+    """Each layer reads its own K/V."""
+
     def __init__(self, router: Router):
         self.router = router
 
@@ -100,12 +103,12 @@ class MeanMixer:
 
     def __init__(self, router: Router):
         self.router = router
-        self.sk = self.sv = None
+        self.sum_k = self.sum_v = None
 
     def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.sk = k if l == 0 else self.sk + k
-        self.sv = v if l == 0 else self.sv + v
-        return (self.sk / (l + 1)).transpose(1, 2), (self.sv / (l + 1)).transpose(1, 2)
+        self.sum_k = k if l == 0 else self.sum_k + k
+        self.sum_v = v if l == 0 else self.sum_v + v
+        return (self.sum_k / (l + 1)).transpose(1, 2), (self.sum_v / (l + 1)).transpose(1, 2)
 
 
 class BufferMixer:
@@ -113,61 +116,58 @@ class BufferMixer:
 
     def __init__(self, router: Router, block: int | None = None):
         self.router = router
-        self.lay = router.__dict__.get("_lime_layout")
-        if self.lay is None:
-            self.lay = router.__dict__["_lime_layout"] = Layout(router)
-        self.wlist: list[Tensor] | None = None
-        self.plan = plan_for(router, self.lay, block)
+        self.layout = layout_for(router)
+        self.plan = plan_for(router, self.layout, block)
+        self.layer_weights: list[Tensor] = []  # weight(l) of layers 1..L-1, fetched once per pass
         self.state: BufferState | None = None
         self.link: Tensor | None = None  # what the next layer's autograd function consumes
         self.mode = "grad"
-        self.kvs: list[Tensor] = []
-        self.sbuf: Buf | None = None
-        self.small: list | None = None
+        self.slot_kv: list[Tensor] = []  # few-token path of same-head and per-dim: [K|V] per slot
+        self.small_buf: Buf | None = None  # few-token path of linear routers: the pooled slot tensor
+        self.small_views: list | None = None  # and its memoised per-layer views
 
     def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         router, plan = self.router, self.plan
         if l == 0:  # one decision per forward pass
-            self.wlist = list(router.weights) if self.lay.direct else None
-            ps = self.wlist if self.wlist is not None else list(router.parameters())
+            ws = self.layer_weights = [router.weight(m) for m in range(1, router.n_layers)]
             self.mode = "grad" if torch.is_grad_enabled() and (
-                k.requires_grad or v.requires_grad or any(p.requires_grad for p in ps)) else "nograd"
+                k.requires_grad or v.requires_grad or any(w.requires_grad for w in ws)) else "nograd"
             B, T, R, Hd = k.shape
-            if self.mode == "nograd" and 2 * B * T * Hd * (Hd if self.lay.kind == "perdim" else 1) < SMALL_N:
-                self.mode, self.kvs = "small", []
+            if self.mode == "nograd" and 2 * B * T * Hd * (Hd if router.kind is RouterKind.PER_DIM else 1) < SMALL_N:
+                self.mode, self.slot_kv = "small", []
             else:
-                self.state = BufferState(router, self.lay, plan, k, ps[0].dtype if ps else k.dtype)
+                self.state = BufferState(router, self.layout, plan, k, ws[0].dtype if ws else k.dtype)
         if self.mode == "small":
             return self._route_small(l, k, v)
         st = self.state
         if self.mode == "grad":
             if l == 0:
-                self.link = Write0.apply(k, v, st)
+                self.link = WriteLayer0.apply(k, v, st)
                 return k.transpose(1, 2), v.transpose(1, 2)
             b = plan.block_of[l]
-            ws = [self._weight(m) for m in plan.others[b]] if l == plan.blocks[b].l0 else ()
-            kr, vr = LayerFn.apply(k, v, self._weight(l), self.link, st, l, *ws)
+            members = [self._weight(m) for m in plan.other_members[b]] if l == plan.blocks[b].l0 else ()
+            kr, vr = RouteLayer.apply(k, v, self._weight(l), self.link, st, l, *members)
             self.link = kr  # the next layer's function consumes it: the backward chain
             return kr, vr
         st.write(l, k, v)
         if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)
-        b, lay = plan.block_of[l], self.lay
+        b, layout = plan.block_of[l], self.layout
         blk = plan.blocks[b]
         if l == blk.l0 and blk.members:
-            st.prefix_forward(b, [lay.views(self._weight(m), plan.n_pre[m])[0] for m in blk.members])
-        return st.split(st.route_forward(lay.views(self._weight(l), plan.n_pre[l])[1], l))
+            st.old_slots_forward(b, [layout.split_columns(self._weight(m), plan.n_old[m])[0] for m in blk.members])
+        return st.split(st.route(layout.split_columns(self._weight(l), plan.n_old[l])[1], l))
 
     def _weight(self, l: int) -> Tensor:
-        return self.wlist[l - 1] if self.wlist is not None else self.router.weight(l)
+        return self.layer_weights[l - 1]
 
-    def _small_views(self, B: int, T: int, R: int, Hd: int) -> list:
+    def _build_small_views(self, B: int, T: int, R: int, Hd: int) -> list:
         """Per layer of the slot tensor: its [K|V] write view in (B, T, R, 2Hd) order, and the
         source row runs as (col0, col1, rows)."""
-        t, out = self.sbuf.t, []
+        t, out = self.small_buf.t, []
         for l in range(self.router.n_layers):
             slot = t[l * R:(l + 1) * R].view(R, B, T, 2 * Hd).permute(1, 2, 0, 3)
-            out.append((slot, [(c0, c1, t[r0:r1]) for c0, c1, r0, r1 in self.plan.all_runs[l]]))
+            out.append((slot, [(c0, c1, t[r0:r1]) for c0, c1, r0, r1 in self.plan.source_runs[l]]))
         return out
 
     def _route_small(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
@@ -177,17 +177,19 @@ class BufferMixer:
         every earlier slot at every layer cost full routing ~10% of decode speed at batch 8).
         Same-head and per-dim routers keep [K|V] in a list and concatenate their sources."""
         B, T, R, Hd = k.shape
-        if self.lay.kind == "linear":
+        kind = self.router.kind
+        if kind is RouterKind.LINEAR:
             L = self.router.n_layers
             if l == 0:  # pooled on CPU, with its views memoised: a decode step is ~10 small ops per layer
-                self.sbuf = POOL.get((L * R, B * T * 2 * Hd), k)
-                self.small = self.sbuf.memo.get(("small", self.plan, B, T, R, Hd))
-                if self.small is None:
-                    self.small = self.sbuf.memo[("small", self.plan, B, T, R, Hd)] = self._small_views(B, T, R, Hd)
-            sv, runs = self.small[l]
-            torch.cat((k, v), dim=-1, out=sv)  # one op writes both halves of the slot
+                self.small_buf = POOL.get((L * R, B * T * 2 * Hd), k)
+                key = ("small", self.plan, B, T, R, Hd)
+                self.small_views = self.small_buf.memo.get(key)
+                if self.small_views is None:
+                    self.small_views = self.small_buf.memo[key] = self._build_small_views(B, T, R, Hd)
+            slot, runs = self.small_views[l]
+            torch.cat((k, v), dim=-1, out=slot)  # one op writes both halves of the slot
             if l == L - 1:  # every read of this pass is below; the outputs are fresh tensors
-                POOL.put(self.sbuf)
+                POOL.put(self.small_buf)
             if l == 0:
                 return k.transpose(1, 2), v.transpose(1, 2)
             w = self._weight(l)
@@ -196,27 +198,24 @@ class BufferMixer:
             if len(runs) == 1:
                 out = torch.mm(w, runs[0][2])
             else:
-                ws = self.lay.col_slices(w, runs)
-                out = torch.mm(ws[0], runs[0][2])
-                for a, (_, _, x) in zip(ws[1:], runs[1:]):
+                cols = self.layout.column_slices(w, runs)
+                out = torch.mm(cols[0], runs[0][2])
+                for a, (_, _, x) in zip(cols[1:], runs[1:]):
                     out.addmm_(a, x)
             return _split_small(out, B, T, R, Hd)
-        self.kvs.append(torch.cat((k, v), dim=-1).permute(2, 0, 1, 3))  # (R, B, T, 2Hd) view
+        self.slot_kv.append(torch.cat((k, v), dim=-1).permute(2, 0, 1, 3))  # (R, B, T, 2Hd) view
         if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)
         w = self._weight(l)
         src = self.plan.sources[l]
-        x = torch.cat([self.kvs[s] for s in src], dim=0)  # (|S|R, B, T, 2Hd), contiguous
+        x = torch.cat([self.slot_kv[s] for s in src], dim=0)  # (|S|R, B, T, 2Hd), contiguous
         if w.dtype != x.dtype:
             w = w.to(x.dtype)
-        kind = self.lay.kind
-        if kind == "perdim":  # (R, |S|R, Hd), the same weights for K and V
+        if kind is RouterKind.PER_DIM:  # (R, |S|R, Hd), the same weights for K and V
             out = torch.einsum("hcd,cnd->hnd", torch.cat((w, w), dim=-1),
                                x.view(len(src) * R, B * T, 2 * Hd)).contiguous()  # einsum may permute
-        elif kind == "diag":  # the same-head parameter (R, |S|): head h reads head h of each source
+        else:  # same-head (R, |S|): head h reads head h of each source
             out = torch.bmm(w.unsqueeze(1), x.view(len(src), R, -1).transpose(0, 1)).view(R, -1)
-        else:  # (R, |S|R)
-            out = torch.mm(w, x.view(len(src) * R, -1))  # (R, B*T*2Hd)
         return _split_small(out, B, T, R, Hd)
 
 
@@ -225,19 +224,20 @@ class ConcatMixer:
 
     def __init__(self, router: Router):
         self.router = router
-        self.kb = self.vb = None
+        self.k_all = self.v_all = None
 
     def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.kb = k if l == 0 else torch.cat([self.kb, k], dim=2)  # (B, T, (l+1)R, Hd)
-        self.vb = v if l == 0 else torch.cat([self.vb, v], dim=2)
-        if l == 0 or self.router.kind == "identity":
+        self.k_all = k if l == 0 else torch.cat([self.k_all, k], dim=2)  # (B, T, (l+1)R, Hd)
+        self.v_all = v if l == 0 else torch.cat([self.v_all, v], dim=2)
+        if l == 0 or self.router.kind is RouterKind.IDENTITY:
             return k.transpose(1, 2), v.transpose(1, 2)
         d = self.router.dense(l).to(device=k.device, dtype=k.dtype)
         eq = "hc,btcd->bhtd" if d.dim() == 2 else "hcd,btcd->bhtd"
-        return torch.einsum(eq, d, self.kb), torch.einsum(eq, d, self.vb)
+        return torch.einsum(eq, d, self.k_all), torch.einsum(eq, d, self.v_all)
 
 
-_MIXERS = {"identity": IdentityMixer, "mean": MeanMixer}
+# the parameter-free kinds; every learned kind runs on the buffer
+_MIXERS = {RouterKind.IDENTITY: IdentityMixer, RouterKind.MEAN: MeanMixer}
 
 
 def make_mixer(router: Router, routing_impl: str = "buffer", *, block: int | None = None):
@@ -245,6 +245,6 @@ def make_mixer(router: Router, routing_impl: str = "buffer", *, block: int | Non
     mixer (tests; None lets ``choose_block`` pick it)."""
     if routing_impl == "concat":
         return ConcatMixer(router)
-    if router.kind in ("linear", "perdim"):
+    if router.kind.learned:
         return BufferMixer(router, block)
     return _MIXERS[router.kind](router)

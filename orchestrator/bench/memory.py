@@ -136,46 +136,15 @@ def measure_bandwidth(mb: int = 128, reps: int = 5) -> float:
 
 
 def routing_traffic(cfg: ModelConfig, batch: int, seq: int, elem: int = 4) -> int | None:
-    """Bytes the routing reads and writes in one training step (forward and backward).
-
-    Counts the buffer mixer's plan (``kvplan``): forward, the K/V writes, each block product
-    (old-slot rows read, P written) and each layer's in-block sources and output; backward, the
-    output gradients stored into G_b (zeroed first), the in-block dW products, per block dW_pre
-    and the read-modify-write of the K/V gradient buffer (zeroed first), and each slot's gradient
-    product over its readers' G rows. Weights are ignored (tiny). ``none`` moves nothing; the
-    running mean moves a few slot-sized tensors per layer; the concatenation peer is not modelled
-    (None)."""
+    """Bytes the routing reads and writes in one training step (forward and backward): the plan the
+    buffer mixer runs, counted by ``lime_arch.routing.plan.step_traffic`` (the model the block
+    chooser minimises). ``none`` moves nothing; the concatenation peer is not modelled (None)."""
     if cfg.routing_impl == "concat":
         return None
     with torch.device("meta"):
         router = build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
                               head_dim=cfg.head_dim, init="identity")
-    slot = 2 * batch * seq * cfg.kv_heads * cfg.head_dim * elem  # one layer's K and V (= one routed output)
-    L = cfg.n_layers
-    if router.kind == "identity":
-        return 0
-    if router.kind == "mean":  # fwd: add (3 slots) and divide (2) per layer; bwd about the same
-        return 2 * 5 * L * slot
-    lay = kvplan.Layout(router)
-    plan = kvplan.plan_for(router, lay, None)
-    rows = lay.rs
-    n = 2 * L  # forward: write K/V (read + write)
-    blocked = any(b.members for b in plan.blocks)
-    n += L if blocked else 0  # zero the K/V gradient buffer
-    for blk in plan.blocks:
-        n += blk.l1 - blk.l0  # zero G_b
-        if blk.members:
-            u, m = len(blk.U), len(blk.members)
-            n += u + m  # P_b = W_pre @ buf[U]
-            n += (m + u) + (m + 2 * u)  # dW_pre = G @ buf[U]^T; grad[U] += W_pre^T G
-    for l in range(1, L):
-        inb = sum((r1 - r0) // rows for _, _, r0, r1 in plan.in_runs[l])
-        n += inb + 1 + (plan.member_idx[l] is not None)  # in-block sources (+P), routed output
-        n += 4 if lay.kind == "perdim" else 0  # copy into attention's layout, and back in backward
-        n += 2 + (1 + inb)  # output gradient into G; dW in-block
-    for s in range(L):
-        n += sum(lb - la for la, lb in plan.reader_runs[s]) + (1 if blocked else 0) + 1  # slot gradient
-    return n * slot
+    return kvplan.step_traffic(router, batch, seq, elem)[1]
 
 
 if __name__ == "__main__":  # the subprocess worker: one case in, one JSON line out

@@ -23,7 +23,7 @@ def test_preset_override_and_unknown():
 
 
 def test_paper_router_cost_1b():
-    # PAPER.md: 138,240 router params and 35.4 MFLOP/token for R=32, L=16, Hd=64
+    # the paper (arXiv 2502.09245): 138,240 router params and 35.4 MFLOP/token for R=32, L=16, Hd=64
     c = preset("1b", router="full")
     assert param_counts(c)["router"] == 138_240
     assert flops_per_token(c)["routing"] == 4 * 32 * 32 * 64 * sum(l + 1 for l in range(1, 16))

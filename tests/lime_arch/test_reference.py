@@ -1,4 +1,4 @@
-"""The decoder against references written here from PAPER.md's equations."""
+"""The decoder against references written here from the paper's equations (arXiv 2502.09245)."""
 import math
 
 import pytest
@@ -31,7 +31,7 @@ def rope(x, theta):  # x: (B, H, T, Hd), rotate-half convention
 
 
 def router_weight_dense(model, spec, l, R, Hd):
-    """PAPER.md Eq. 4 weights as a dense (R, (l+1)R[, Hd]) matrix, built from the raw params."""
+    """The paper's Eq. 4 weights as a dense (R, (l+1)R[, Hd]) matrix, built from the raw params."""
     name = spec.rsplit("-", 1)[0] if spec[-1].isdigit() else spec
     src = sorted(expected_sources(spec, l))
     per_dim = name == "per-dim"

@@ -1,9 +1,21 @@
+import contextlib
+
 import pytest
 import torch
 from routers_expected import expected_sources, router_specs
 
 from lime_arch import ConfigError, build_model, param_counts, preset
-from lime_arch.routers import build_router
+from lime_arch.routers import (
+    ROUTERS,
+    FullRouter,
+    Router,
+    RouterArg,
+    RouterKind,
+    build_router,
+    parse_router,
+    register_router,
+)
+from lime_arch.routers import router_specs as registered_specs
 from lime_arch.routing.mixers import make_mixer
 
 SPECS = router_specs()
@@ -121,3 +133,148 @@ def test_bad_configs_raise_config_error(bad, field):
 def test_unknown_router_lists_registered():
     with pytest.raises(ConfigError, match="full.*first-<int>"):
         preset("tiny", router="fancy")
+
+
+REGISTERED = "none, full, average, last-<int>, first-<int>, dilated-<int>, no-head-mix, per-dim"
+
+
+@pytest.mark.parametrize("spec,message", [
+    ("first-0", "model.router: 'first-0' needs a positive integer after '-', got 0"),
+    ("first", "model.router: 'first' needs an integer, e.g. first-4"),
+    ("nope", f"model.router: unknown router 'nope'; registered: {REGISTERED}"),
+    ("last-x", f"model.router: unknown router 'last-x'; registered: {REGISTERED}"),
+    ("first--1", f"model.router: unknown router 'first--1'; registered: {REGISTERED}"),
+    ("full-3", f"model.router: unknown router 'full-3'; registered: {REGISTERED}"),
+    ("first-4-5", f"model.router: unknown router 'first-4-5'; registered: {REGISTERED}"),
+    (5, f"model.router: must be a string, got 5; registered: {REGISTERED}"),
+])
+def test_parse_errors_are_exact(spec, message):
+    with pytest.raises(ConfigError) as e:
+        parse_router(spec)
+    assert str(e.value) == message
+
+
+def test_parse_and_spec_round_trip():
+    cls, args = parse_router("dilated-8")
+    assert (cls.name, args) == ("dilated", (8,))
+    r = build_router("first-04", n_layers=6, n_kv_heads=2, head_dim=4)
+    assert (r.spec, r.j, r.arg_values) == ("first-4", 4, (4,))
+    assert r.sources(5) == [0, 1, 2, 3, 5]
+    assert parse_router("no-head-mix") == (ROUTERS["no-head-mix"], ())
+
+
+def test_router_specs_come_from_the_registry():
+    assert registered_specs() == ["none", "full", "average", "last-4", "first-4", "dilated-4", "no-head-mix",
+                                  "per-dim"]
+    assert registered_specs((2, 8)) == ["none", "full", "average", "last-2", "last-8", "first-2", "first-8",
+                                        "dilated-2", "dilated-8", "no-head-mix", "per-dim"]
+    for spec in registered_specs((3,)):
+        parse_router(spec)
+
+
+@contextlib.contextmanager
+def _registered(name: str, cls: type):
+    register_router(name)(cls)
+    try:
+        yield cls
+    finally:
+        ROUTERS.pop(name)
+
+
+class _Strided(Router):
+    """Two typed arguments: every ``step``-th slot from ``start``, plus the current one."""
+
+    kind = RouterKind.LINEAR
+    arguments = (RouterArg("start", int, 1), RouterArg("step", int, 2))
+
+    def sources(self, l):
+        return sorted(set(range(min(self.start, l), l + 1, self.step)) | {l})
+
+
+class _Scaled(Router):
+    kind = RouterKind.MEAN
+    arguments = (RouterArg("scale", float, 0.5),)
+
+
+def test_two_typed_arguments():
+    with _registered("strided", _Strided), _registered("scaled", _Scaled):
+        r = build_router("strided-1-3", n_layers=8, n_kv_heads=2, head_dim=4)
+        assert (r.start, r.step, r.spec) == (1, 3, "strided-1-3")
+        assert r.sources(7) == [1, 4, 7] and r.weight(7).shape == (2, 6)
+        assert parse_router("scaled-0.25") == (_Scaled, (0.25,))
+        assert registered_specs()[-2:] == ["strided-1-2", "scaled-0.5"]
+        assert registered_specs((3,))[-2:] == ["strided-3-3", "scaled-3.0"]
+        for spec, message in [
+            ("strided", "model.router: 'strided' needs 2 arguments (<start>-<step>), e.g. strided-1-2"),
+            ("strided-0-2", "model.router: 'strided-0-2' needs a positive integer for start, got 0"),
+            ("strided-1-0", "model.router: 'strided-1-0' needs a positive integer for step, got 0"),
+            ("scaled-0.0", "model.router: 'scaled-0.0' needs a positive number after '-', got 0.0"),
+            ("scaled", "model.router: 'scaled' needs a number, e.g. scaled-0.5"),
+        ]:
+            with pytest.raises(ConfigError) as e:
+                parse_router(spec)
+            assert str(e.value) == message
+        with pytest.raises(ConfigError, match=r"unknown router 'strided-1'; registered: .*strided-<int>-<int>, "
+                                              r"scaled-<float>$"):
+            parse_router("strided-1")
+        assert preset("tiny", router="strided-1-2").router == "strided-1-2"
+    with pytest.raises(ConfigError, match="unknown router 'strided-1-2'"):
+        parse_router("strided-1-2")
+
+
+class _NoKind(Router):
+    pass
+
+
+class _StringKind(Router):
+    kind = "linear"
+
+
+class _BadArgType(Router):
+    kind = RouterKind.LINEAR
+    arguments = (RouterArg("j", str, "x"),)
+
+
+class _ShadowingArg(Router):
+    kind = RouterKind.LINEAR
+    arguments = (RouterArg("R"),)
+
+
+class _ArgsNotTuple(Router):
+    kind = RouterKind.LINEAR
+    arguments = [RouterArg("j")]
+
+
+@pytest.mark.parametrize("name,cls,error,match", [
+    ("no-kind", _NoKind, TypeError, "kind must be one of RouterKind.IDENTITY, .*got None"),
+    ("string-kind", _StringKind, TypeError, "kind must be one of .*got 'linear'"),
+    ("bad-arg", _BadArgType, TypeError, "argument 'j' has type"),
+    ("shadow", _ShadowingArg, ValueError, "argument name 'R' is not a free identifier"),
+    ("arg-list", _ArgsNotTuple, TypeError, "arguments must be a tuple of RouterArg"),
+    ("full", FullRouter, ValueError, "'full' is registered already"),
+    ("first-4", FullRouter, ValueError, "none of them all digits"),
+    ("Fancy", FullRouter, ValueError, "lowercase words"),
+    ("plain", object, TypeError, "not a subclass of Router"),
+])
+def test_registration_checks_the_class(name, cls, error, match):
+    before = dict(ROUTERS)
+    with pytest.raises(error, match=match):
+        register_router(name)(cls)
+    assert dict(ROUTERS) == before
+
+
+def test_kind_decides_operand_shape_and_macs():
+    L, R, Hd = 4, 2, 3
+    for spec, kind, shape, macs in [
+        ("full", RouterKind.LINEAR, (R, 3 * R), 2 * R * 3 * R * Hd),
+        ("no-head-mix", RouterKind.SAME_HEAD, (R, 3), 2 * R * 3 * Hd),
+        ("per-dim", RouterKind.PER_DIM, (R, 3 * R, Hd), 2 * R * 3 * R * Hd),
+        ("average", RouterKind.MEAN, None, 2 * R * 3 * Hd),
+        ("none", RouterKind.IDENTITY, None, 0),
+    ]:
+        r = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=Hd)
+        assert r.kind is kind and r.macs_per_token(2) == macs
+        w = r.weight(2)
+        assert (None if w is None else tuple(w.shape)) == shape
+        if shape is not None:
+            assert w is r.weights[1]  # the parameter itself: the mixer memoises its views

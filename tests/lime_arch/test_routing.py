@@ -1,20 +1,30 @@
 """The fast routing paths (buffer mixer) against the paper's concatenation.
 
-Every registered router (``lime_arch.ROUTERS``, so new routers are covered), MHA, GQA and one KV
-head, several layer-block sizes of the buffer mixer (including none and one per layer), with
-autograd and without (the blocked path and the few-token path). No test asserts a speed."""
+Every registered router (``lime_arch.routers.router_specs``, so new routers are covered), MHA,
+GQA and one KV head, several layer-block sizes of the buffer mixer (including none and one per
+layer), with autograd and without (the blocked path and the few-token path), and routers whose
+``weight(l)`` is computed rather than a parameter. No test asserts a speed."""
+import contextlib
+
 import pytest
 import torch
 
-from lime_arch import ROUTERS, build_model, preset
-from lime_arch.routers import build_router
-from lime_arch.routing import mixers as kvbuffer
-from lime_arch.routing import plan as kvplan
+from lime_arch import build_model, preset
+from lime_arch.routers import (
+    ROUTERS,
+    FullRouter,
+    NoHeadMixRouter,
+    PerDimRouter,
+    build_router,
+    register_router,
+    router_specs,
+)
+from lime_arch.routing import mixers
+from lime_arch.routing import plan as routing_plan
 from lime_arch.routing.mixers import make_mixer
-from orchestrator.bench.memory import routing_traffic
 
 L, HD, B, T = 9, 4, 2, 3
-SPECS = [f"{n}-{a}" if c.takes_arg else n for n, c in ROUTERS.items() for a in ((2, 4) if c.takes_arg else (None,))]
+SPECS = router_specs((2, 4))
 BLOCKS = [None, 1, 2, 3, L]
 
 
@@ -80,7 +90,7 @@ def test_partial_loss_gradients_match(spec):
 @pytest.mark.parametrize("small", [True, False])
 def test_no_grad_paths_match(spec, small, monkeypatch):
     """Without autograd: the few-token list path and the blocked buffer path."""
-    monkeypatch.setattr(kvbuffer, "SMALL_N", 10**9 if small else 0)
+    monkeypatch.setattr(mixers, "SMALL_N", 10**9 if small else 0)
     R = 2
     router = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
     raw = _raw(R, 5)
@@ -138,18 +148,107 @@ def test_pooled_buffers_never_alias_results():
             torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
 
 
-def test_block_choice_and_traffic():
+def test_block_choice():
     for spec in ("full", "first-4", "last-4", "dilated-8", "no-head-mix", "per-dim"):
         r = build_router(spec, n_layers=64, n_kv_heads=8, head_dim=32)
-        lay = kvplan.Layout(r)
-        plan = kvplan.plan_for(r, lay, None)
-        assert 1 <= plan.block <= 64 and (plan.block * lay.mo <= kvplan.MAX_BLOCK_ROWS or plan.block == 64)
+        lay = routing_plan.layout_for(r)
+        plan = routing_plan.plan_for(r, lay, None)
+        assert 1 <= plan.block <= 64 and (plan.block * lay.out_rows <= routing_plan.MAX_BLOCK_ROWS or plan.block == 64)
     full = build_router("full", n_layers=64, n_kv_heads=8, head_dim=32)
-    assert 1 < kvplan.plan_for(full, kvplan.Layout(full), None).block < 64  # blocked: about sqrt(L)
-    cfg = preset("deep32", n_layers=16, vocab_size=512, max_seq_len=64)
-    assert routing_traffic(cfg.replace(router="none"), 2, 64) == 0
-    assert routing_traffic(cfg.replace(router="full"), 2, 64) > routing_traffic(cfg.replace(router="last-4"), 2, 64) > 0
-    assert routing_traffic(cfg.replace(router="full", routing_impl="concat"), 2, 64) is None
+    assert 1 < routing_plan.plan_for(full, routing_plan.layout_for(full), None).block < 64  # blocked: about sqrt(L)
+    last = build_router("last-4", n_layers=64, n_kv_heads=8, head_dim=32)
+    assert routing_plan.plan_for(last, routing_plan.layout_for(last), None).block == 64  # nothing to share
+
+
+def test_traffic_by_hand():
+    """full, 4 layers, sources {0}, {0,1}, {0,1,2}, {0,1,2,3}; counted by hand below.
+
+    Every plan: K/V writes 2 per layer (8), grad_out zero fill 1 per layer (4), per layer >= 1 its
+    output, grad_out store (2) and dW (4 each: 12), per slot its gradient (4): 28 fixed slots.
+    block 4 (one block, no old slots): in-block sources 2 + 3 + 4 = 9, three reads each: 27.
+    block 2: layer 1 has 2 in-block sources; block [2, 3] has members 2 and 3 over old slots
+      {0, 1}, with 1 and 2 in-block sources: in-block 3 * 5 = 15, old-slot products
+      4 * (2 old slots + 2 members) = 16, and the K/V gradient buffer 2 * 4 = 8.
+    block 1: in-block 3 * 3 = 9; members 1, 2, 3 over 1, 2, 3 old slots: 4 * (2 + 3 + 4) = 36; 8."""
+    router = build_router("full", n_layers=4, n_kv_heads=2, head_dim=4)
+    slot_bytes = 2 * 2 * 3 * 2 * 4 * 4  # K and V of batch 2, 3 tokens, 2 heads of 4, float32
+    for block, slots, cost in ((4, 28 + 27, 27 / 2), (2, 28 + 15 + 16 + 8, 15 / 2 + 16 + 2),
+                               (1, 28 + 9 + 36 + 8, 9 / 2 + 36 + 3 * 2)):
+        plan = routing_plan.plan_for(router, routing_plan.layout_for(router), block)
+        assert plan.traffic().slots == slots, block
+        assert plan.traffic().block_cost() == cost, block
+        assert routing_plan.step_traffic(router, 2, 3, 4, block=block) == (slots, slots * slot_bytes)
+    # the chooser takes the least cost among 1, 2, 3, 4; block 3 costs 6 * 1.5 + 4 * (3 + 1) + 2 = 27
+    assert routing_plan.plan_for(router, routing_plan.layout_for(router), None).block == 4
+    assert routing_plan.step_traffic(router, 2, 3, 4) == (55, 55 * slot_bytes)
+    per_dim = build_router("per-dim", n_layers=4, n_kv_heads=2, head_dim=4)  # + 4 layout copies per layer >= 1
+    assert routing_plan.step_traffic(per_dim, 2, 3, 4, block=4) == (55 + 12, (55 + 12) * slot_bytes)
+    same_head = build_router("no-head-mix", n_layers=4, n_kv_heads=2, head_dim=4)  # same slots, other layout
+    assert routing_plan.step_traffic(same_head, 2, 3, 2, block=2) == (67, 67 * slot_bytes // 2)
+    assert routing_plan.step_traffic(build_router("none", n_layers=4, n_kv_heads=2, head_dim=4), 2, 3) == (0, 0)
+    mean = build_router("average", n_layers=4, n_kv_heads=2, head_dim=4)
+    assert routing_plan.step_traffic(mean, 2, 3) == (40, 40 * slot_bytes)
+
+
+@contextlib.contextmanager
+def _registered(name: str, cls: type):
+    register_router(name)(cls)
+    try:
+        yield cls
+    finally:
+        ROUTERS.pop(name)
+
+
+def _softmax_router(base: type) -> type:
+    """A router of ``base``'s kind whose weight is computed: a softmax over the sources' columns."""
+
+    class Softmax(base):
+        def weight(self, l):
+            w = super().weight(l)
+            return None if w is None else torch.softmax(w, dim=1)
+
+    return Softmax
+
+
+@pytest.mark.parametrize("base", [FullRouter, NoHeadMixRouter, PerDimRouter])
+@pytest.mark.parametrize("R", [2, 1])
+def test_computed_weight_routes_through_weight(base, R, monkeypatch):
+    """A router that overrides ``weight`` with a computed tensor: the buffer mixer (every block
+    size, with and without autograd) matches the concatenation reference, which multiplies
+    ``dense(l)`` built from the same ``weight(l)``; and the result is not the raw parameter's."""
+    with _registered("softmax-test", _softmax_router(base)):
+        router = build_router("softmax-test", n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
+        raw, w = _raw(R, 11), _weights(R, 12)
+        ref_out, ref_grads = _run(router, "concat", raw, w)
+        for block in BLOCKS:
+            out, grads = _run(router, "buffer", raw, w, block=block)
+            for a, b in zip(out, ref_out):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=f"block={block}")
+            for a, b in zip(grads, ref_grads):
+                torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10, msg=f"block={block}")
+        with torch.no_grad():
+            for small in (10**9, 0):  # the few-token path and the blocked buffer
+                monkeypatch.setattr(mixers, "SMALL_N", small)
+                m = make_mixer(router)
+                got = [m.route(l, k, v)[0] for l, (k, v) in enumerate(raw)]
+                for a, b in zip(got, ref_out[0::2]):
+                    torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+    plain = base(n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
+    plain.load_state_dict(router.state_dict())
+    plain_out, _ = _run(plain, "buffer", raw, w)
+    assert not torch.allclose(plain_out[-1], ref_out[-1])
+
+
+def test_weight_of_the_wrong_shape_is_refused():
+    class Wide(FullRouter):
+        def weight(self, l):
+            w = super().weight(l)
+            return None if w is None else torch.cat((w, w), dim=1)
+
+    with _registered("wide-test", Wide):
+        router = build_router("wide-test", n_layers=3, n_kv_heads=2, head_dim=HD)
+        with pytest.raises(ValueError, match=r"weight\(1\) has shape \(2, 8\); kind linear multiplies \(2, 4\)"):
+            make_mixer(router)
 
 
 @pytest.mark.parametrize("spec", ["full", "no-head-mix", "per-dim"])
