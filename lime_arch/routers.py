@@ -320,7 +320,7 @@ class DilatedRouter(Router):
     """Every d-th slot (0, d, 2d, ...) plus the current one."""
 
     kind = RouterKind.LINEAR
-    arguments = (RouterArg("d"),)
+    arguments = (RouterArg("d", example=8),)  # dilated-8: the paper's Table 15 setting
     d: int
 
     def sources(self, l: int) -> list[int]:

@@ -5,7 +5,6 @@ registry is reached through ``lime_arch``'s lazy public names, only when ``bench
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import lime_arch
@@ -18,11 +17,8 @@ VOCAB, BATCH, SEQ = 2048, 2, 64
 QUICK_BATCH, QUICK_SEQ = 1, 16
 DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4"), (1, 8)
 
-# The integer a router that takes one is benchmarked with (``<name>-<int>``). first-4 is the
-# paper's pruned variant (its serving numbers, arXiv 2502.09245 Table 18, use first-4 routing),
-# dilated-8 one of its dilations; a newly registered integer router runs at DEFAULT_ARG.
-ROUTER_ARGS = {"first": 4, "last": 4, "dilated": 8}
-DEFAULT_ARG = 4
+# Router families run at their declared example argument (first-4: the paper's serving setting,
+# arXiv 2502.09245 Table 18; dilated-8: its Table 15 setting).
 
 
 @dataclass(frozen=True)
@@ -41,10 +37,7 @@ QUICK_SHAPES = (Shape("L3-MHA", 3, 8, 1), Shape("L3-GQA", 3, 2, 1))
 SHAPES_BY_NAME = {s.name: s for s in SHAPES + QUICK_SHAPES}
 
 
-def bench_routers(registry: Mapping[str, type] | None = None) -> tuple[str, ...]:
-    """Every registered router in registration order (default: ``lime_arch.ROUTERS``), a router
-    that takes an integer at ``ROUTER_ARGS[name]`` (else ``DEFAULT_ARG``): none, full, average,
-    last-4, first-4, dilated-8, no-head-mix, per-dim with today's registry."""
-    registry = lime_arch.ROUTERS if registry is None else registry
-    return tuple(f"{name}-{ROUTER_ARGS.get(name, DEFAULT_ARG)}" if cls.takes_arg else name
-                 for name, cls in registry.items())
+def bench_routers() -> tuple[str, ...]:
+    """Every registered router in registration order, a family at its declared example argument
+    (none, full, average, last-4, first-4, dilated-8, no-head-mix, per-dim with today's registry)."""
+    return tuple(lime_arch.router_specs())

@@ -164,7 +164,7 @@ def test_parse_and_spec_round_trip():
 
 
 def test_router_specs_come_from_the_registry():
-    assert registered_specs() == ["none", "full", "average", "last-4", "first-4", "dilated-4", "no-head-mix",
+    assert registered_specs() == ["none", "full", "average", "last-4", "first-4", "dilated-8", "no-head-mix",
                                   "per-dim"]
     assert registered_specs((2, 8)) == ["none", "full", "average", "last-2", "last-8", "first-2", "first-8",
                                         "dilated-2", "dilated-8", "no-head-mix", "per-dim"]

@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 import lime_arch.routers as routers_mod
-from lime_arch.routers import ROUTERS, FirstRouter, parse_router, register_router
+from lime_arch.routers import ROUTERS, FirstRouter, RouterArg, parse_router, register_router
 from orchestrator.bench.run import run_bench
 from orchestrator.bench.shapes import QUICK_SHAPES, bench_routers
 from orchestrator.bench.targets import checks
@@ -18,26 +18,15 @@ def test_every_registered_router_is_benchmarked_once_with_its_default_integer():
     assert {"first-4", "last-4", "dilated-8", "none", "full", "per-dim"} <= set(specs)
 
 
-def test_a_registry_of_fakes_derives_without_torch_names():
-    class Plain:
-        takes_arg = False
-
-    class WithInt:
-        takes_arg = True
-
-    reg = {"none": Plain, "first": WithInt, "brand-new": WithInt, "flat": Plain}
-    assert bench_routers(reg) == ("none", "first-4", "brand-new-4", "flat")
-
-
 def test_a_newly_registered_router_is_benchmarked_without_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(routers_mod, "ROUTERS", {n: ROUTERS[n] for n in ("none", "full")})
 
-    @register_router("early", takes_arg=True)
+    @register_router("early")
     class EarlyRouter(FirstRouter):
-        pass
+        arguments = (RouterArg("j", example=3),)
 
     out = run_bench(tmp_path, quick=True, shapes=(QUICK_SHAPES[1],), memory=False, decode=False)
-    assert [r["label"] for r in out["rows"]] == ["none", "full", "early-4", "full/concat"]
+    assert [r["label"] for r in out["rows"]] == ["none", "full", "early-3", "full/concat"]
     assert "early" not in ROUTERS  # the real registry is untouched
 
 
