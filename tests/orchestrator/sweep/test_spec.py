@@ -263,7 +263,9 @@ def test_lime_executable_bad_router_exit_2_and_dry_run_starts_nothing(tmp_path):
 def test_parse_spec_rejects_non_mapping_and_bad_description():
     with pytest.raises(ConfigError, match="top level"):
         parse_spec(["a"])
-    with pytest.raises(ConfigError, match="description: required"):
+    with pytest.raises(ConfigError, match="description: required, one line of text"):
+        parse_spec({"name": "x"})
+    with pytest.raises(ConfigError, match="description: must be one line of text"):
         parse_spec({"name": "x", "description": "two\nlines"})
     with pytest.raises(ConfigError, match="grid.model.router: the same key as grid.router"):
         parse_spec({"name": "x", "description": "d", "grid": {"router": ["none"], "model.router": ["full"]}})
