@@ -18,7 +18,7 @@ import typing
 from typing import Annotated, Any, Literal
 
 import annotated_types as at
-from pydantic import BeforeValidator, ConfigDict, Strict, TypeAdapter, ValidationError
+from pydantic import BeforeValidator, ConfigDict, Field, Strict, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticCustomError
 
@@ -47,8 +47,15 @@ Int = Annotated[int, Strict()]
 Bool = Annotated[bool, Strict()]
 Str = Annotated[str, Strict()]
 Float = Annotated[float, BeforeValidator(_no_bool)]  # an int becomes a float, as before
-# A number that keeps its type (2 stays 2): optional multipliers whose values name MLflow params.
-OptNumber = Annotated[Annotated[int, Strict()] | Annotated[float, Strict()] | None, BeforeValidator(_number_or_none)]
+
+
+def optional_number(**bounds: Any) -> Any:
+    """A number or None that keeps its type (2 stays 2: multipliers whose values name MLflow params);
+    ``bounds`` (``ge=0``) apply to the number."""
+    return Annotated[Annotated[int, Strict(), Field(**bounds)] | Annotated[float, Strict(), Field(**bounds)] | None,
+                     BeforeValidator(_number_or_none)]
+
+
 Mapping = Annotated[dict, Strict()]
 
 

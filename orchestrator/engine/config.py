@@ -21,7 +21,7 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch import ConfigError, ModelConfig, preset
 from lime_arch.config import PRESETS
-from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, OptNumber, Str, validate
+from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, Str, optional_number, validate
 from orchestrator.engine.taskspec import build_task
 from orchestrator.tasks import TASKS
 
@@ -67,8 +67,8 @@ class OptimConfig:
     beta2: Beta = 0.95
     eps: Annotated[Float, Field(gt=0)] = 1e-8
     grad_clip: Rate = 1.0
-    router_lr: Annotated[OptNumber, Field(ge=0)] = None
-    router_lr_mult: Annotated[OptNumber, Field(ge=0)] = None
+    router_lr: optional_number(ge=0) = None
+    router_lr_mult: optional_number(ge=0) = None
 
 
 @dataclass(kw_only=True, config=CONFIG)

@@ -4,17 +4,20 @@ A sweep file may start from another one in the same folder: ``extends: <name>`` 
 ``<name>.yaml`` and applies this file on top of it. Mappings merge key by key, deeply (``base``,
 ``grid``, ``resources``, ``report``, ``search`` ...): the parent's keys keep their place and new
 keys come after them. Anything else (lists, numbers, strings, ``null``) replaces the parent's
-value, so ``grid: {seed: [0, 1]}`` replaces only the seed axis. A mapping tagged ``!override``
-replaces the parent's mapping as a whole instead (``base: !override {...}``: nothing of the
-parent's base is kept). ``name`` and ``description`` are never inherited: every sweep states its own.
+value, so ``grid: {seed: [0, 1]}`` replaces only the seed axis. ``replace: [base, ...]`` lists
+mappings of this file that replace the parent's instead of merging into them (``base``: nothing of
+the parent's base is kept; ``base.data``: only its data block). ``name``, ``description``,
+``extends`` and ``replace`` are never inherited: every sweep states its own name and description.
 
 Files whose name starts with ``_`` (``sweeps/_fineweb-edu.yaml``) are shared bases: pieces other
 sweeps extend, never run themselves, with neither a name nor a description.
 
-Errors found here name the file they are in (a parent's mistake names the parent).
+The files stay plain YAML (any YAML reader can read them). Errors found here name the file they
+are in (a parent's mistake names the parent).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 import re
@@ -26,7 +29,7 @@ import yaml
 from lime_arch.errors import ConfigError
 
 EXTENDS_RE = re.compile(r"_?[a-z0-9][a-z0-9-]*\Z")
-NOT_INHERITED = ("name", "description", "extends")
+NOT_INHERITED = ("name", "description", "extends", "replace")
 
 
 class FileError(ConfigError):
@@ -34,20 +37,7 @@ class FileError(ConfigError):
 
 
 class Override(dict):
-    """A mapping tagged ``!override``: it replaces the parent's mapping instead of merging into it."""
-
-
-class _Loader(yaml.SafeLoader):
-    pass
-
-
-def _override(loader: _Loader, node: yaml.Node) -> Override:
-    if not isinstance(node, yaml.MappingNode):
-        raise yaml.constructor.ConstructorError(None, None, "!override applies to a mapping", node.start_mark)
-    return Override(loader.construct_mapping(node, deep=True))
-
-
-_Loader.add_constructor("!override", _override)
+    """A mapping named in its file's ``replace:``: it replaces the parent's instead of merging into it."""
 
 
 def is_base(path: str | os.PathLike) -> bool:
@@ -61,10 +51,10 @@ def sweep_files(folder: str | os.PathLike) -> list[Path]:
 
 
 def read_yaml(path: Path) -> tuple[Any, str]:
-    """A file's YAML (``!override`` tags kept as ``Override`` mappings) and its text."""
+    """A file's YAML and its text."""
     text = path.read_text()
     try:
-        return yaml.load(text, Loader=_Loader), text  # noqa: S506 - a SafeLoader plus one tag
+        return yaml.safe_load(text), text
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
@@ -75,7 +65,7 @@ def read_yaml(path: Path) -> tuple[Any, str]:
 class Resolved:
     """A sweep file with its ``extends`` chain applied."""
 
-    data: dict[str, Any]  # plain mappings (no Override left), ``extends`` kept as written
+    data: dict[str, Any]  # plain mappings, ``extends`` and ``replace`` kept as written
     chain: list[Path]  # the parents, nearest first
     origin: dict[tuple, Path]  # key path -> the parent file that set it (keys this file set are absent)
 
@@ -83,9 +73,11 @@ class Resolved:
 def resolve(data: Any, path: Path) -> Resolved:
     """Apply the ``extends`` chain of ``data`` (the contents of ``path``)."""
     if not isinstance(data, dict) or "extends" not in data:
+        if isinstance(data, dict):
+            _replacing(data, path)  # only to refuse a `replace:` without `extends`
         return Resolved(plain(data), [], {})
     chain, origin = [], {}
-    merged, seen, here = data, [path.resolve()], path
+    merged, seen, here = _replacing(data, path), [path.resolve()], path
     while "extends" in merged:
         parent = _parent_file(here, merged.get("extends"), seen)
         pdata, _ = read_yaml(parent)
@@ -95,15 +87,34 @@ def resolve(data: Any, path: Path) -> Resolved:
             _check_base(parent, pdata)
         chain.append(parent)
         seen.append(parent.resolve())
-        inherited = {k: v for k, v in pdata.items() if k not in NOT_INHERITED}
+        inherited = {k: v for k, v in _replacing(pdata, parent).items() if k not in NOT_INHERITED}
         _record(inherited, merged, parent, (), origin)
-        rest = {k: v for k, v in merged.items() if k != "extends"}
-        merged = merge(inherited, rest)
-        if "extends" in pdata:
-            merged["extends"] = pdata["extends"]
+        merged = {**merge(inherited, {k: v for k, v in merged.items() if k != "extends"}),
+                  **({"extends": pdata["extends"]} if "extends" in pdata else {})}
         here = parent
-    merged = {"extends": data["extends"], **merged}
-    return Resolved(plain(merged), chain, origin)
+    own = {k: data[k] for k in ("extends", "replace") if k in data}
+    return Resolved(plain({**own, **{k: v for k, v in merged.items() if k not in own}}), chain, origin)
+
+
+def _replacing(data: dict, path: Path) -> dict:
+    """``data`` with the mappings its ``replace:`` names marked to replace the parent's."""
+    paths = data.get("replace", [])
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise FileError(f"{path}: replace: must be a list of keys of this file, such as [base] or "
+                        f"[base.data], got {paths!r}")
+    if paths and "extends" not in data:
+        raise FileError(f"{path}: replace: only with extends (it names mappings that replace the parent's)")
+    out = copy.deepcopy({k: v for k, v in data.items() if k != "replace"})
+    for dotted in paths:
+        parts, cur = dotted.split("."), out
+        for p in parts[:-1]:
+            cur = cur.get(p) if isinstance(cur, dict) else None
+        if not isinstance(cur, dict) or parts[-1] not in cur:
+            raise FileError(f"{path}: replace: {dotted} is not in this file")
+        if not isinstance(cur[parts[-1]], dict):
+            raise FileError(f"{path}: replace: {dotted} is not a mapping (other values replace the parent's anyway)")
+        cur[parts[-1]] = Override(cur[parts[-1]])
+    return out
 
 
 def _parent_file(here: Path, name: Any, seen: list[Path]) -> Path:
@@ -128,7 +139,7 @@ def _check_base(path: Path, data: dict) -> None:
 
 
 def merge(parent: dict, child: dict) -> dict:
-    """``child`` on top of ``parent``: mappings merge deeply unless ``!override``; the rest replaces."""
+    """``child`` on top of ``parent``: mappings merge deeply unless replacing; the rest replaces."""
     out = Override(parent) if isinstance(parent, Override) else dict(parent)  # an override stays one
     for k, v in child.items():
         if isinstance(v, dict) and not isinstance(v, Override) and isinstance(out.get(k), dict):
@@ -181,6 +192,8 @@ def origin_of(message: str, origin: dict[tuple, Path]) -> Path | None:
 
 
 def resolved_yaml(data: dict[str, Any]) -> str:
-    """The resolved sweep as YAML (what ran), ``extends`` left out: it is already applied."""
-    return yaml.safe_dump({k: v for k, v in data.items() if k != "extends"}, sort_keys=False,
+    """The resolved sweep as YAML (what ran), ``extends`` and ``replace`` left out: they are applied."""
+    first = {k: data[k] for k in ("name", "description") if k in data}
+    rest = {k: v for k, v in data.items() if k not in (*first, "extends", "replace")}
+    return yaml.safe_dump({**first, **rest}, sort_keys=False,
                           default_flow_style=None, width=120)

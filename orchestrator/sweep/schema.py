@@ -41,9 +41,9 @@ from orchestrator.sweep.checks import (
 
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 METRIC_RE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\Z")
-Name = Annotated[Str, Field(pattern=NAME_RE.pattern.replace(r"\Z", "$"),
+Name = Annotated[Str, Field(pattern="^" + NAME_RE.pattern.replace(r"\Z", "$"),
                             description="lowercase letters, digits and '-' ([a-z0-9][a-z0-9-]*)")]
-Metric = Annotated[Str, Field(pattern=METRIC_RE.pattern.replace(r"\Z", "$"),
+Metric = Annotated[Str, Field(pattern="^" + METRIC_RE.pattern.replace(r"\Z", "$"),
                               description="a metric key such as final/val_loss or val/accuracy")]
 
 
@@ -121,6 +121,7 @@ class SweepSpec:
     name: Name
     description: Annotated[Str, Field(description="one line of text")]
     extends: Str | None = None  # the parent file's name; orchestrator.sweep.files applies it
+    replace: list[Str] | None = None  # mappings that replace the parent's (applied with extends)
     base: Annotated[Mapping, BeforeValidator(_empty_is_default),
                     Field(description="a mapping (preset, model, data, optim, train)")] = field(default_factory=dict)
     grid: Annotated[dict[str, list], BeforeValidator(parse_grid)] = field(default_factory=dict)  # file order
