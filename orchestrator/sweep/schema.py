@@ -96,7 +96,8 @@ class Resources:
 @dataclass(kw_only=True, config=CONFIG)
 class ReportSpec:
     metric: Metric = "final/val_loss"
-    axis: Str | None = None  # None: router if it is an axis, else the first non-seed axis
+    # axis None: router if it is an axis, else the first non-seed axis
+    axis: Annotated[Str | None, Field(description="an axis name")] = None
     baseline: Any = AUTO  # AUTO: none if it is a value of the axis, else the axis's first value
 
 
