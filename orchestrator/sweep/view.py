@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
+from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
 from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
 
@@ -108,7 +109,7 @@ def status_text(name: str) -> str:
                      + (f", best {p.data.tags['best_trial_id']}" if p.data.tags.get("best_trial_id") else ""))
     by: dict[str, list] = {}
     for r in children:
-        by.setdefault(r.data.tags.get("status", r.info.status.lower()), []).append(r)
+        by.setdefault(str(TrialStatus.of_run(r.data.tags, r.info.status)), []).append(r)
     seen = {r.data.tags.get("trial_id") for r in children}
     for tname, st in saved.items():
         if tname not in seen:
