@@ -20,9 +20,7 @@ def task_error(err: ConfigError) -> ConfigError:
 
 
 def _split_params(cfg: Any) -> tuple[dict[str, Any], int]:
-    if not isinstance(cfg.task, dict):
-        raise ConfigError(f"data.task: must be a mapping of task parameters, got {cfg.task!r}")
-    params = dict(cfg.task)
+    params = dict(cfg.task)  # a mapping: DataConfig's type says so
     data_seed = params.pop("data_seed", 0)
     if isinstance(data_seed, bool) or not isinstance(data_seed, int):
         raise ConfigError(f"data.task.data_seed: must be an integer, got {data_seed!r}")
@@ -30,12 +28,9 @@ def _split_params(cfg: Any) -> tuple[dict[str, Any], int]:
 
 
 def build_task(name: str, cfg: Any) -> tuple[Task, int]:
-    """The task and data seed of a data config; ConfigErrors name ``data.*`` keys."""
+    """The task and data seed of a data config (its sizes are checked by DataConfig's field types);
+    ConfigErrors name ``data.*`` keys."""
     params, data_seed = _split_params(cfg)
-    for key in ("n_train", "n_val"):
-        v = getattr(cfg, key)
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"data.{key}: must be a positive integer, got {v!r}")
     try:
         return make_task(name, **params), data_seed
     except ConfigError as err:

@@ -1,19 +1,21 @@
-"""Ray-side pieces of ``orchestrator.sweep.driver`` in the driver: the readable trial names and
-the compact live console view (instead of Ray's full table on every refresh).
+"""What the driver shows Ray and the console: the readable trial names and the compact live
+view (instead of Ray's full table on every refresh).
 
-Imported only once a sweep really starts (it imports ``ray.tune``). Both classes are stored in
-Ray's experiment state (``tuner.pkl``) and come back on ``Tuner.restore``, so they keep only
-plain values and reset their run-time state in ``setup``.
+Both are stored in Ray's experiment state (``tuner.pkl``) and come back on ``Tuner.restore``, so
+they keep only plain values and reset their run-time state in ``setup``. Importing this module
+does not import Ray (every ``lime sweep`` command imports it): Ray requires its callbacks to be
+``ray.tune.Callback`` subclasses, so ``live_view`` makes that subclass of ``LiveView`` on first use.
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import time
 from typing import Any
 
-from ray import tune
-
+from orchestrator.core.status import TrialStatus
+from orchestrator.sweep.runs import RAY_DONE, RAY_ERROR
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.view import fmt_time as _fmt_time
 
@@ -37,8 +39,7 @@ class TrialNamer:
         except ValueError:
             counter = 1
         sample = (counter - 1) // s.repeat
-        idx = int(cfg.get("__trial_index__", 0))
-        seed = s.seeds[idx] if s.seeds else int(spec.base.get("train", {}).get("seed", 0)) + idx
+        seed = spec.seed_of(int(cfg.get("__trial_index__", 0)))
         vals = ",".join(f"{a}={_short(cfg[a])}" for a in s.space)
         return f"sample={sample},{vals},seed={seed}"
 
@@ -53,9 +54,22 @@ def _short(v: Any) -> str:
     return str(v)
 
 
-class LiveView(tune.Callback):
+def live_view(**kwargs: Any) -> LiveView:
+    """A ``LiveView`` that Ray accepts as a callback."""
+    return _ray_live_view()(**kwargs)
+
+
+@functools.cache
+def _ray_live_view() -> type:
+    from ray import tune
+
+    return type("RayLiveView", (LiveView, tune.Callback), {"__module__": __name__})
+
+
+class LiveView:
     """One line per state change, and a status line at most every ``every`` seconds:
-    trials by state, the running trials' current step and loss, the best finished trial, ETA."""
+    trials by state, the running trials' current step and loss, the best finished trial, ETA.
+    The methods are Ray Tune's callback hooks (``ray.tune.Callback``)."""
 
     def __init__(self, *, total: int, steps: dict[str, int], default_steps: int, metric: str, mode: str,
                  every: float = 15.0):
@@ -81,12 +95,12 @@ class LiveView(tune.Callback):
         by: dict[str, int] = {}
         for t in trials:
             by[t.status] = by.get(t.status, 0) + 1
-        done = by.get("TERMINATED", 0)
+        done = by.get(RAY_DONE, 0)
         parts = [f"{done}/{self.total} done", f"{by.get('RUNNING', 0)} running"]
         pending = max(0, self.total - sum(by.values())) + by.get("PENDING", 0) + by.get("PAUSED", 0)
         parts.append(f"{pending} pending")
-        if by.get("ERROR"):
-            parts.append(f"{by['ERROR']} failed")
+        if by.get(RAY_ERROR):
+            parts.append(f"{by[RAY_ERROR]} failed")
         return ", ".join(parts)
 
     def _eta(self, trials) -> str:
@@ -98,7 +112,7 @@ class LiveView(tune.Callback):
         remaining = 0
         for t in trials:
             n = str(t)
-            if t.status == "TERMINATED" or t.status == "ERROR":
+            if t.status in (RAY_DONE, RAY_ERROR):
                 continue
             remaining += max(0, self.steps.get(n, self.default_steps) - self.progress.get(n, 0))
         remaining += max(0, self.total - len(names)) * self.default_steps
@@ -142,8 +156,8 @@ class LiveView(tune.Callback):
         n = str(trial)
         r = trial.last_result or {}
         v = r.get(self.metric)
-        status = r.get("status", "finished")
-        if status == "running":
+        status = r.get("status", TrialStatus.FINISHED.value)
+        if status == TrialStatus.RUNNING.value:
             status = "stopped early"
         if isinstance(v, (int, float)) and math.isfinite(v):
             better = self.best is None or (v < self.best[0] if self.mode == "min" else v > self.best[0])

@@ -1,123 +1,149 @@
-"""Sweep files (``sweeps/<name>.yaml``): parse, validate, expand into trials.
+"""Sweep files (``sweeps/<name>.yaml``): load, validate, expand into trials; the dry-run estimate.
 
 A sweep file is a base ``TrialConfig`` plus grid axes (the cross product is the trial set) or an
 Optuna ``search`` block, plus how the trials run (resources, concurrency, failures, checkpoints)
-and what the report compares. The format is documented in README.md ("Sweeps").
+and what the report compares; it may extend another file (``extends:``). The format is
+documented in README.md ("Sweeps").
 
-Everything is checked here, before Ray or MLflow is touched: unknown keys, unknown routers or
-presets, bad numbers, a grid combined with a search over the same key, empty grids, missing data
-files, and every expanded trial's ``TrialConfig.validate``. Each mistake is one ``ConfigError``
-line naming the file, the key path in it (``search.space.lr.loguniform``) and what is allowed.
+Everything is checked here, before Ray or MLflow is touched: the ``extends`` chain
+(``orchestrator.sweep.files``), every key and value (``orchestrator.sweep.schema``), and every
+expanded trial's ``TrialConfig``. Each mistake is one ``ConfigError`` line naming the file, the
+key path in it (``search.space.lr.loguniform``) and what is allowed.
 
-Trial ids are readable and deterministic: the grid axes as written, in file order
-(``router=full,seed=2``); the same file always gives the same ids.
-
-This module holds the entry points (``load_spec``, ``parse_spec``) and the dry-run compute
-estimate (``vocab_for``, ``estimate``, ``human``). The data model and trial expansion are in
-``orchestrator.sweep.types``, the field and per-trial checks in ``orchestrator.sweep.validate``;
-their public names are re-exported here, so callers import everything from ``orchestrator.sweep.spec``.
+Callers import the sweep format's public names from here.
 """
 from __future__ import annotations
 
 import copy
+import itertools
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from lime_arch import ConfigError
+from lime_arch import ConfigError, flops_per_token, param_counts
+from orchestrator.core.keys import ALIASES  # noqa: F401 - part of the format's vocabulary
+from orchestrator.core.schema import validate
 from orchestrator.engine.config import TrialConfig
-
-# Re-exported: callers import every public name of the sweep format from orchestrator.sweep.spec.
-from orchestrator.sweep.types import (  # noqa: F401
-    ALIASES,
-    ASHA_KEYS,
-    DISTRIBUTIONS,
-    METRIC_RE,
-    NAME_RE,
-    SEARCH_KEYS,
-    SECTIONS,
-    TOP_KEYS,
+from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
+from orchestrator.sweep.files import FileError, is_base, origin_of, read_yaml, resolve, sweep_files
+from orchestrator.sweep.schema import (  # noqa: F401
     AnalysisSpec,
     AshaSpec,
     ReportSpec,
     Resources,
-    SearchParam,
     SearchSpec,
     SweepSpec,
     Trial,
-    format_value,
     trial_dirname,
 )
-from orchestrator.sweep.validate import (  # noqa: F401
-    _int,
-    _parse_analysis,
-    _parse_grid,
-    _parse_report,
-    _parse_resources,
-    _parse_search,
-    _unknown,
-    _validate_trials,
-    resolve_key,
-)
+from orchestrator.tasks import TASKS
 
 
-# -- parsing ----------------------------------------------------------------------------------------
+# -- loading ----------------------------------------------------------------------------------------
 def load_spec(path: str | os.PathLike) -> SweepSpec:
     """Read and fully validate a sweep file (every trial is built and validated)."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{path}: no such sweep file" + _available(p))
-    text = p.read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark else ""
-        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
-    try:
-        return parse_spec(data, stem=p.stem, path=str(path), text=text)
-    except ConfigError as e:
-        raise ConfigError(f"{path}: {e}") from None
+    if is_base(p):
+        users = _extended_by(p)
+        raise ConfigError(f"{path}: a shared base for other sweeps (its file name starts with '_'), not a sweep; "
+                          f"run one that extends it" + (f": {', '.join(users)}" if users else ""))
+    data, text = read_yaml(p)
+    return parse_spec(data, stem=p.stem, path=str(path), text=text)
 
 
 def _available(p: Path) -> str:
     folder = p.parent if str(p.parent) else Path(".")
-    names = sorted(f.stem for f in folder.glob("*.yaml")) if folder.is_dir() else []
+    names = [f.stem for f in sweep_files(folder)] if folder.is_dir() else []
     return f"; sweeps in {folder}: {', '.join(names)}" if names else ""
 
 
+def _extended_by(base: Path) -> list[str]:
+    out = []
+    for f in sweep_files(base.parent):
+        try:
+            chain = resolve(read_yaml(f)[0], f).chain
+        except ConfigError:
+            continue
+        if any(c.resolve() == base.resolve() for c in chain):
+            out.append(f.stem)
+    return out
+
+
 def parse_spec(data: Any, *, stem: str | None = None, path: str | None = None, text: str = "") -> SweepSpec:
-    if not isinstance(data, dict):
-        raise ConfigError(f"(top level): must be a mapping with keys {', '.join(TOP_KEYS)}")
-    _unknown(data, TOP_KEYS, "")
-    name = data.get("name")
-    if not isinstance(name, str) or not NAME_RE.match(name):
-        raise ConfigError(f"name: required, lowercase letters, digits and '-' ([a-z0-9][a-z0-9-]*), got {name!r}")
-    if stem is not None and name != stem:
-        raise ConfigError(f"name: {name!r} must equal the file name {stem!r}")
-    desc = data.get("description")
-    if not isinstance(desc, str) or not desc.strip() or "\n" in desc.strip():
-        raise ConfigError(f"description: required, one line of text, got {desc!r}")
-    base = data.get("base", {})
-    if base is None:
-        base = {}
-    if not isinstance(base, dict):
-        raise ConfigError(f"base: must be a mapping (preset, model, data, optim, train), got {base!r}")
-    spec = SweepSpec(name=name, description=desc.strip(), base=copy.deepcopy(base), path=path, text=text)
-    spec.grid = _parse_grid(data.get("grid"))
-    spec.resources = _parse_resources(data.get("resources"))
-    spec.max_concurrent = _int(data, "max_concurrent", lo=1, default=None, allow_none=True)
-    spec.max_failures = _int(data, "max_failures", lo=0, default=2)
-    spec.checkpoint_interval = _int(data, "checkpoint_interval", lo=0, default=None, allow_none=True)
-    spec.analysis = _parse_analysis(data.get("analysis"))
-    spec.search = _parse_search(data.get("search"), spec.grid)
-    if spec.search is not None and "seed" in spec.grid:
-        del spec.grid["seed"]  # the seeds of the Repeater (see _parse_search)
-    spec.report = _parse_report(data.get("report"), spec)
-    _validate_trials(spec)
+    """Validate a sweep file's contents; ``path`` is needed to follow ``extends`` and prefixes errors."""
+    prefix = f"{path}: " if path else ""
+    if isinstance(data, dict) and "extends" in data and path is None:
+        raise ConfigError("extends: the file's folder is needed to find its parent; load it with load_spec")
+    res = resolve(data, Path(path)) if path else resolve(data, Path("."))
+    try:
+        spec = validate(SweepSpec, res.data, top="(top level)")
+        if stem is not None and spec.name != stem:
+            raise ConfigError(f"name: {spec.name!r} must equal the file name {stem!r}")
+        spec.path, spec.text, spec.resolved = path, text, copy.deepcopy(res.data)
+        _validate_trials(spec)
+    except FileError:
+        raise
+    except ConfigError as e:
+        where = origin_of(str(e), res.origin)
+        raise ConfigError(f"{prefix}{e}" + (f" (set in {where})" if where else "")) from None
     return spec
+
+
+# -- every trial, before anything starts --------------------------------------------------------------
+def _validate_trials(spec: SweepSpec) -> None:
+    """Build and validate every trial; name the key in the file that a failure comes from."""
+    def check(params: dict, where_first: str | None = None) -> None:
+        try:
+            spec.trial_config(params)
+        except ConfigError as e:
+            raise ConfigError(_attribute(spec, params, str(e), where_first)) from None
+
+    check({})  # the base alone (no axis values yet) is where most mistakes are
+    if spec.search is None:
+        for name, values in spec.grid.items():
+            for i, v in enumerate(values):
+                check({name: v}, f"grid.{name}[{i}]")
+        for t in itertools.product(*spec.grid.values()):
+            check(dict(zip(spec.grid, t)))
+        return
+    space = spec.search.space
+    idx = {"__trial_index__": spec.search.repeat - 1}
+    for name, p in space.items():
+        for v in _probe_values(p):
+            check({name: v, **idx}, f"search.space.{name}.{p.kind}")
+    for corner in (0, -1):  # all lows, all highs together
+        check({n: _probe_values(p)[corner] for n, p in space.items()})
+
+
+def _probe_values(p: SearchParam) -> list:
+    if p.kind == "choice":
+        return list(p.values)
+    if p.kind == "int":
+        return [int(p.values[0]), int(p.values[1])]
+    return [p.values[0], p.values[1]]
+
+
+def _attribute(spec: SweepSpec, params: dict, msg: str, where_first: str | None) -> str:
+    """Prefix an error with the key path in the file: base.*, grid.axis[i] or search.space.*."""
+    if not params:
+        return _prefixed("base", msg)
+    if where_first is not None:
+        name = next(iter(k for k in params if k != "__trial_index__"))
+        key = spec.key(name)
+        if msg.startswith(key + ":"):
+            return f"{where_first}: {msg[len(key) + 1:].strip()}"
+        return f"{where_first} ({format_value(params[name])}): {msg}"
+    return f"trial {spec.trial_id({k: v for k, v in params.items() if k != '__trial_index__'})}: {msg}"
+
+
+def _prefixed(prefix: str, msg: str) -> str:
+    head = msg.split(":", 1)[0]
+    if re.fullmatch(r"[A-Za-z0-9_./]+", head):
+        return f"{prefix}.{msg}"
+    return f"{prefix}: {msg}"
 
 
 # -- compute estimate (dry run) -----------------------------------------------------------------------
@@ -135,20 +161,13 @@ def vocab_for(cfg: TrialConfig) -> tuple[int, str]:
         return d.bpe_vocab_size, f"bpe {d.bpe_vocab_size}"
     if d.source == "hf":
         return cfg.model_config().vocab_size, "vocab from tokenizer (preset's shown)"
-    try:  # synthetic tasks: a fixed character vocabulary
-        from orchestrator.tasks import TASKS
-
-        if d.source in TASKS:
-            return TASKS[d.source].vocab.size, f"{d.source} vocabulary"
-    except Exception:  # noqa: BLE001 - the estimate falls back to the preset's vocabulary
-        pass
+    if d.source in TASKS:  # synthetic tasks: a fixed character vocabulary
+        return TASKS[d.source].vocab.size, f"{d.source} vocabulary"
     return cfg.model_config().vocab_size, "preset's vocabulary"
 
 
 def estimate(cfg: TrialConfig) -> dict[str, Any]:
     """Tokens, parameters and training FLOPs (3x forward) of one trial."""
-    from lime_arch import flops_per_token, param_counts
-
     vocab, vocab_src = vocab_for(cfg)
     mcfg = cfg.model_config(vocab_size=vocab)
     t = cfg.train

@@ -18,9 +18,11 @@ import time
 import traceback
 from pathlib import Path
 
+from orchestrator.core.status import TrialStatus
+from orchestrator.core.tracking import client, experiment_id
+from orchestrator.engine.train import CKPT_NAME, Tracking, load_checkpoint, run_trial
+from orchestrator.sweep.runs import FAULT_ENV, child_runs, end_run
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
-
-FAULT_ENV = "LIME_FAULT_ONCE"  # "<marker file>:<step>[:<trial id substring>]" (tests)
 
 
 # -- the trial (runs in a Ray worker) -------------------------------------------------------------------
@@ -59,8 +61,6 @@ def _newest_checkpoint(ray_ck, trial_dir: Path, work: Path) -> tuple[Path | None
     """The newest loadable checkpoint, copied into ``work``: the newest one in the trial folder
     (Ray saves its experiment state only every few seconds, so after a killed driver Ray's own
     ``tune.get_checkpoint()`` can be older), else Ray's (remote storage)."""
-    from orchestrator.engine.train import CKPT_NAME, load_checkpoint
-
     def take(src: Path) -> tuple[Path, dict] | None:
         try:
             state = load_checkpoint(src)
@@ -123,10 +123,6 @@ def _trial_main(spec: SweepSpec, ctx: dict, config: dict) -> None:
 
 
 def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: Path, tune) -> None:
-    from orchestrator.core.tracking import client, experiment_id
-    from orchestrator.engine.train import CKPT_NAME, Tracking, run_trial
-    from orchestrator.sweep.driver import child_runs
-
     cfg = spec.trial_config(config)
     work = Path(tempfile.mkdtemp(prefix="lime-trial-"))
     cfg.train.checkpoint_dir = str(work / "ckpt")
@@ -136,16 +132,10 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
         exp_id = experiment_id(spec.name, cl)
         run_id = ck_state.get("run_id") if ck_state else None
         start = int(ck_state["step"]) if ck_state else 0
-        if run_id is not None:
-            run = cl.get_run(run_id)
-            if run.info.status == "FINISHED" and run.data.tags.get("status") in ("finished", "diverged"):
-                # finished before the driver learnt it: report the result, never train again
-                m = dict(run.data.metrics)
-                print(f"already finished in MLflow run {run_id}; reporting its result", flush=True)
-                tune.report({**m, "step": start, "start_step": start, "status": run.data.tags["status"],
-                             "run_id": run_id, "trial": trial_id, "objective": _objective(m, ctx["metric"])})
-                return
-        else:  # a fresh start: a run left by an attempt that never checkpointed would duplicate steps
+        base = {"start_step": start, "trial": trial_id, "steps_total": cfg.train.steps}
+        if run_id is not None and _report_finished(cl, run_id, {**base, "step": start}, ctx["metric"], tune):
+            return
+        if run_id is None:  # a fresh start: a run left by an attempt that never checkpointed would duplicate steps
             for old in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
                 print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
                 cl.delete_run(old.info.run_id)
@@ -156,34 +146,53 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
         tracking = Tracking(experiment=spec.name, run_id=run_id, parent_run_id=ctx["parent_run_id"],
                             run_name=trial_id, tags=tags)
         latest: dict[str, float] = {}
-
-        def on_log(step: int, metrics: dict, ck_dir: str | None) -> None:
-            latest.update(metrics)
-            rep = {"step": step, "start_step": start, "status": "running", "trial": trial_id,
-                   "steps_total": cfg.train.steps, **latest, "objective": _objective(latest, ctx["metric"])}
-            print(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()
-                                              if isinstance(v, (int, float))), flush=True)
-            if ck_dir is None:
-                tune.report(rep)
-                return
-            fresh = Path(tempfile.mkdtemp(prefix="ck-", dir=work))  # a new folder for every report
-            shutil.copy2(Path(ck_dir) / CKPT_NAME, fresh / CKPT_NAME)
-            tune.report(rep, checkpoint=tune.Checkpoint.from_directory(str(fresh)))
-            shutil.rmtree(fresh, ignore_errors=True)
-            _fault(step, trial_id)
-
         try:
-            res = run_trial(cfg, tracking=tracking, resume=resume, on_log=on_log)
+            res = run_trial(cfg, tracking=tracking, resume=resume,
+                            on_log=_reporter(base, latest, ctx["metric"], work, tune))
         except SystemExit:  # Ray stopped the trial (scheduler, or the sweep was interrupted)
             print("stopped by Ray", flush=True)
             for run in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
-                cl.set_tag(run.info.run_id, "status", "stopped")
-                cl.set_terminated(run.info.run_id, status="KILLED")
+                end_run(cl, run.info.run_id, TrialStatus.STOPPED)
             raise
         print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run {res.run_id}",
               flush=True)
-        tune.report({"step": res.step, "start_step": start, "status": res.status, "run_id": res.run_id or "",
-                     "trial": trial_id, "steps_total": cfg.train.steps, **latest,
+        tune.report({**base, "step": res.step, "status": str(res.status), "run_id": res.run_id or "", **latest,
                      "objective": _objective(latest, ctx["metric"])})
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _report_finished(cl, run_id: str, base: dict, metric: str, tune) -> bool:
+    """A run that finished before the driver learnt it: report its result (never train again)."""
+    run = cl.get_run(run_id)
+    try:
+        status = TrialStatus(run.data.tags.get("status"))
+    except ValueError:  # no status tag (or another version's): not known to be finished
+        return False
+    if run.info.status != TrialStatus.FINISHED.mlflow or not status.done:
+        return False
+    m = dict(run.data.metrics)
+    print(f"already finished in MLflow run {run_id}; reporting its result", flush=True)
+    tune.report({**m, **{k: v for k, v in base.items() if k != "steps_total"}, "status": status.value,
+                 "run_id": run_id, "objective": _objective(m, metric)})
+    return True
+
+
+def _reporter(base: dict, latest: dict, metric: str, work: Path, tune):
+    """The engine's ``on_log``: every log point to Ray, with a checkpoint when the engine wrote one."""
+    def on_log(step: int, metrics: dict, ck_dir: str | None) -> None:
+        latest.update(metrics)
+        rep = {**base, "step": step, "status": TrialStatus.RUNNING.value, **latest,
+               "objective": _objective(latest, metric)}
+        print(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()
+                                          if isinstance(v, (int, float))), flush=True)
+        if ck_dir is None:
+            tune.report(rep)
+            return
+        fresh = Path(tempfile.mkdtemp(prefix="ck-", dir=work))  # a new folder for every report
+        shutil.copy2(Path(ck_dir) / CKPT_NAME, fresh / CKPT_NAME)
+        tune.report(rep, checkpoint=tune.Checkpoint.from_directory(str(fresh)))
+        shutil.rmtree(fresh, ignore_errors=True)
+        _fault(step, base["trial"])
+
+    return on_log

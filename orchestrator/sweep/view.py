@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
+from orchestrator.core.status import TrialStatus
+from orchestrator.core.tracking import client, tracking_uri
 from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
 
 
@@ -49,8 +51,7 @@ def dry_run_text(spec: SweepSpec) -> str:
                      f"{spec.n_trials()} trials, {s.metric} ({s.mode}){asha}")
         for p in s.space.values():
             lines.append(f"  {p.name} ({p.key}): {p.kind} {list(p.values)}")
-        hi = {n: (p.values[-1] if p.kind != "choice" else _largest(p.values)) for n, p in s.space.items()}
-        rows = [(f"(upper bound) x {spec.n_trials()}", spec.trial_config({**hi, "__trial_index__": s.repeat - 1}))]
+        rows = [(f"(upper bound) x {spec.n_trials()}", spec.trial_config(upper_corner(spec, s.repeat - 1)))]
     first = rows[0][1]
     vocab, src = vocab_for(first)
     t = first.train
@@ -79,6 +80,12 @@ def dry_run_text(spec: SweepSpec) -> str:
     return "\n".join(lines)
 
 
+def upper_corner(spec: SweepSpec, index: int = 0) -> dict[str, Any]:
+    """A search sweep's largest trial (every range at its high end, the largest choice), repeat ``index``."""
+    return {n: (p.values[-1] if p.kind != "choice" else _largest(p.values)) for n, p in spec.search.space.items()} \
+        | {"__trial_index__": index}
+
+
 def _largest(values) -> Any:
     nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
     return max(nums) if len(nums) == len(values) else values[-1]
@@ -87,8 +94,6 @@ def _largest(values) -> Any:
 # -- status -----------------------------------------------------------------------------------------------
 def status_text(name: str) -> str:
     """Trials by state from MLflow (runs tagged sweep=<name>) and Ray's saved experiment state."""
-    from orchestrator.core.tracking import client, tracking_uri
-
     cl = client()
     exp = cl.get_experiment_by_name(name)
     exp_dir = experiment_dir(name)
@@ -104,7 +109,7 @@ def status_text(name: str) -> str:
                      + (f", best {p.data.tags['best_trial_id']}" if p.data.tags.get("best_trial_id") else ""))
     by: dict[str, list] = {}
     for r in children:
-        by.setdefault(r.data.tags.get("status", r.info.status.lower()), []).append(r)
+        by.setdefault(str(TrialStatus.of_run(r.data.tags, r.info.status)), []).append(r)
     seen = {r.data.tags.get("trial_id") for r in children}
     for tname, st in saved.items():
         if tname not in seen:

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from lime_arch import ConfigError
+from orchestrator.sweep.files import sweep_files
 from orchestrator.sweep.spec import ALIASES, load_spec, parse_spec, trial_dirname
 
 ROOT = Path(__file__).resolve().parents[3]
-SWEEPS = sorted((ROOT / "sweeps").glob("*.yaml"))
+SWEEPS = sweep_files(ROOT / "sweeps")  # runnable sweeps: shared bases (_name.yaml) left out
 PAPER = ["router-ablation-150m", "router-structure-150m", "deep-routing-128", "depth-scaling", "router-lr"]
 
 
@@ -191,6 +192,12 @@ BAD: list[tuple[str, dict | str, str]] = [
     ("seq-too-long", _good(grid={"seed": [0]}, base={"preset": "tiny", "model": {"max_seq_len": 16},
                                                     "train": {"seq_len": 32}}), "base.train.seq_len: 32 is longer"),
     ("bad-yaml", "name: x\n  bad: [\n", "not valid YAML"),
+    # type, key and range errors of the schema (pydantic), one line each with the key path
+    ("wrong-type", _good(base={"preset": "tiny", "train": {"steps": "ten"}}),
+     "base.train.steps: must be an integer >= 1, got 'ten'"),
+    ("unknown-resource", _good(resources={"cpu": 1, "tpu": 1}), "resources.tpu: unknown key; allowed: cpu, gpu"),
+    ("zero-samples", _good(grid={}, search={"space": {"lr": {"uniform": [1e-4, 1e-2]}}, "num_samples": 0}),
+     "search.num_samples: must be >= 1, got 0"),
 ]
 
 
@@ -263,7 +270,9 @@ def test_lime_executable_bad_router_exit_2_and_dry_run_starts_nothing(tmp_path):
 def test_parse_spec_rejects_non_mapping_and_bad_description():
     with pytest.raises(ConfigError, match="top level"):
         parse_spec(["a"])
-    with pytest.raises(ConfigError, match="description: required"):
+    with pytest.raises(ConfigError, match="description: required, one line of text"):
+        parse_spec({"name": "x"})
+    with pytest.raises(ConfigError, match="description: must be one line of text"):
         parse_spec({"name": "x", "description": "two\nlines"})
     with pytest.raises(ConfigError, match="grid.model.router: the same key as grid.router"):
         parse_spec({"name": "x", "description": "d", "grid": {"router": ["none"], "model.router": ["full"]}})

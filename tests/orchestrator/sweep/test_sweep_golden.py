@@ -13,11 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.sweep.files import sweep_files
 from orchestrator.sweep.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[3]
 GOLDEN = Path(__file__).with_name("sweep_trials_golden.json")
-SWEEPS = sorted(ROOT.glob("sweeps/*.yaml"))
+SWEEPS = sweep_files(ROOT / "sweeps")  # shared bases (_name.yaml) are no sweeps
 
 
 def expansion(path: Path) -> dict:

@@ -103,7 +103,8 @@ def test_local_sweep_nested_mlflow_runs_and_a_fault_retried_from_its_checkpoint(
     assert len(parents) == 1
     parent = parents[0]
     assert parent.info.status == "FINISHED" and parent.data.tags["sweep"] == name
-    assert [a.path for a in cl.list_artifacts(parent.info.run_id, "sweep")] == [f"sweep/{name}.yaml"]
+    assert sorted(a.path for a in cl.list_artifacts(parent.info.run_id, "sweep")) == \
+        [f"sweep/{name}.resolved.yaml", f"sweep/{name}.yaml"]  # as written, and with its extends applied
     assert parent.data.tags.get("best_trial_id") and parent.data.tags.get("best_run_id")
     ids = sorted(c.data.tags["trial_id"] for c in children)
     assert ids == ["router=full,seed=0", "router=full,seed=1", "router=none,seed=0", "router=none,seed=1"]
