@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from lime_arch.errors import ConfigError
 from orchestrator.report.build import build_report
 from orchestrator.report.settings import ReportSettings, SweepFile, axis_names
@@ -49,12 +47,7 @@ def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, SweepFil
             f"the sweep file does not validate with this code ({why}); the report settings are the "
             "launched sweep's (MLflow)"])
     settings = ReportSettings(metric=spec.report.metric, axis=spec.report.axis, baseline=spec.report.baseline,
-                              axes=axis_names(spec.axes()), stated=_stated(text))
+                              axes=axis_names(spec.axes()), stated=frozenset(spec.report_stated))
     return spec.name, settings, SweepFile(text=text, source=path.name)
 
 
-def _stated(text: str) -> frozenset[str]:
-    """Which report settings the file writes itself (the others are defaults)."""
-    data = yaml.safe_load(text)
-    report = data.get("report") if isinstance(data, dict) else None
-    return frozenset(k for k in REPORT_KEYS if isinstance(report, dict) and k in report)

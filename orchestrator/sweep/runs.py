@@ -78,7 +78,7 @@ def sweep_params(spec: SweepSpec) -> dict[str, object]:
         "sweep.resources.cpu": r.cpu, "sweep.resources.gpu": r.gpu, "sweep.max_failures": spec.max_failures,
         "sweep.max_concurrent": spec.max_concurrent, "sweep.report.metric": spec.report.metric,
         "sweep.report.axis": spec.report.axis, "sweep.report.baseline": spec.report.baseline,
-        "sweep.fingerprint": spec.fingerprint()}
+        "sweep.report.explicit": ",".join(spec.report_stated), "sweep.fingerprint": spec.fingerprint()}
     if spec.extends:
         params["sweep.extends"] = spec.extends
     if spec.search is not None:

@@ -138,6 +138,12 @@ class SweepSpec:
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
     resolved: dict[str, Any] = field(default_factory=dict, init=False)  # the file with its extends applied
 
+    @property
+    def report_stated(self) -> tuple[str, ...]:
+        """The report settings the file (or a file it extends) writes; the others are defaults."""
+        rep = self.resolved.get("report")
+        return tuple(k for k in ("metric", "axis", "baseline") if isinstance(rep, dict) and k in rep)
+
     @field_validator("description")
     @classmethod
     def _one_line(cls, desc: str) -> str:
