@@ -92,8 +92,8 @@ class MLflowHook(Hook):
 
 def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:
     """Writes and yields, one by one: the resolved config (YAML), the final router weights (npz,
-    one dense (R, (l+1)R[, Hd]) array per layer) and their heatmap, the mean |w| by source layer
-    (paper Figure 5)."""
+    one dense (R, (l+1)R[, Hd]) array per layer) and, when the weights are finite, their heatmap:
+    the mean |w| by source layer (as in the LIMe paper's Figure 5)."""
     mcfg = t.mcfg
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump({**t.cfg.to_dict(), "resolved_model": mcfg.to_dict()}, sort_keys=True))
@@ -102,6 +102,8 @@ def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:
     weights = folder / "router_weights.npz"
     np.savez(weights, **{f"layer_{l}": w for l, w in enumerate(dense)})
     yield weights
+    if not all(np.isfinite(w).all() for w in dense):
+        return  # a diverged trial's NaN/inf weights have no source map: no heatmap, not an error
     heatmap = folder / "router_heatmap.png"
     m = router_source_map([None] + dense[1:], mcfg.kv_heads)
     plot_router_map(m, heatmap, title=f"{mcfg.router}: mean |w| by source layer")
