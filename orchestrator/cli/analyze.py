@@ -1,6 +1,7 @@
 """``lime analyze``: representation analysis of one or more checkpoints, side by side."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +12,13 @@ from orchestrator.analysis.run import analyze_model
 from orchestrator.core.tracking import client
 from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.data import make_batches
-from orchestrator.engine.train import load_checkpoint
+from orchestrator.engine.train import CKPT_NAME, load_checkpoint
 
 
 def _load(spec: str):
     label, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
     p = Path(path)
-    if not (p.is_file() or (p / "checkpoint.pt").is_file()):
+    if not (p.is_file() or (p / CKPT_NAME).is_file()):
         raise ConfigError(f"checkpoints: {path!r} is not a checkpoint file or folder")
     ck = load_checkpoint(p)
     if "config" not in ck:
@@ -65,8 +66,6 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
 
 def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> None:
     """Add metrics to an existing (usually finished) run without touching its status."""
-    import time
-
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)

@@ -7,6 +7,7 @@ from pathlib import Path
 import yaml
 
 from lime_arch import ConfigError
+from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import tracking_uri
 from orchestrator.engine.config import TrialConfig, parse_set, set_dotted
 from orchestrator.engine.data import make_batches
@@ -78,4 +79,4 @@ def cmd_train(args) -> int:
     if res.run_id:
         print(f"MLflow run: {res.run_id} (experiment {args.experiment!r}, store {tracking_uri()}); "
               "open it with `make mlflow-ui` -> http://127.0.0.1:5000")
-    return 0 if res.status == "finished" else 1
+    return 0 if res.status is TrialStatus.FINISHED else 1

@@ -1,4 +1,4 @@
-"""Synthetic task data sources (issue 7): ``arithmetic``, ``prosqa`` and ``kv-recall``.
+"""Synthetic task data sources: ``arithmetic``, ``prosqa`` and ``kv-recall``.
 
 The source name is the task name (``data.source: arithmetic``); the task's parameters come from
 ``data.task`` (passed to ``orchestrator.tasks.make_task``), the sizes from ``data.n_train`` and

@@ -1,4 +1,4 @@
-"""Tests of the representation-analysis math and plots.
+"""Tests of the representation-analysis math and plots (orchestrator.analysis.metrics, .plots).
 
 Expectations are computed by hand (closed-form eigenvalues, hand-normalized router blocks), not
 by re-running the implementation's formulas.

@@ -1,0 +1,110 @@
+"""The trainer's standard hooks: MLflow tracking, a progress callback, end-of-trial analysis.
+
+``MLflowHook`` keeps one MLflow run per trial (continued on resume), logs the params once, every
+emitted metric dict at its step, and at the end the resolved config, the router weights and
+their heatmap as artifacts; the run's ``status`` tag is the trial's ``TrialStatus``.
+``CallbackHook`` hands every metric dict to ``on_log(step, metrics, checkpoint_dir)`` (the CLI's
+progress bar, the sweep's Ray reporting). ``AnalysisHook`` adds the representation analysis of
+the final model (``train.analyze``) to the final metrics.
+"""
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from lime_arch import flops_per_token, param_counts
+from orchestrator.analysis.metrics import router_source_map
+from orchestrator.analysis.plots import plot_router_map
+from orchestrator.analysis.run import analyze_model
+from orchestrator.core.status import TrialStatus
+from orchestrator.core.tracking import RunLogger, git_sha
+from orchestrator.engine.trainer import Hook, Trainer
+
+
+class CallbackHook(Hook):
+    """``fn(step, metrics, checkpoint_dir_or_None)`` at every emitted metric dict."""
+
+    def __init__(self, fn: Callable[[int, dict, str | None], None]):
+        self.fn = fn
+
+    def on_log(self, t: Trainer, step: int, metrics: dict, checkpoint: str | None) -> None:
+        self.fn(step, metrics, checkpoint)
+
+
+class AnalysisHook(Hook):
+    """Representation analysis of the final model (``analysis/*`` metrics, see
+    ``orchestrator.analysis.run``) on ``train.analyze_sequences`` validation sequences."""
+
+    def final_metrics(self, t: Trainer) -> dict[str, float]:
+        tr = t.cfg.train
+        return analyze_model(t.model, t.data, sequences=tr.analyze_sequences, seq_len=tr.seq_len).metrics
+
+
+class MLflowHook(Hook):
+    """One MLflow run per trial: created on start (or continued: ``run_id`` given, or the
+    checkpoint's), the params and model size once, metrics at every log point (flushed with
+    every checkpoint), artifacts and the final status at the end."""
+
+    def __init__(self, experiment: str, *, run_name: str | None = None, parent_run_id: str | None = None,
+                 tags: dict[str, Any] | None = None):
+        self.experiment, self.run_name, self.parent_run_id = experiment, run_name, parent_run_id
+        self.tags = dict(tags or {})
+        self.logger: RunLogger | None = None
+
+    def on_start(self, t: Trainer) -> None:
+        mcfg, cfg = t.mcfg, t.cfg
+        tags = {"router": mcfg.router, "preset": cfg.preset, "n_layers": mcfg.n_layers, "seed": cfg.train.seed,
+                "git_sha": git_sha(), "status": TrialStatus.RUNNING.value, **self.tags}
+        self.logger = RunLogger(self.experiment, run_id=t.run_id, run_name=self.run_name, tags=tags,
+                                parent_run_id=self.parent_run_id)
+        t.run_id = self.logger.run_id
+        if not t.resumed:  # a continued run has its params and model size already
+            self.logger.log_params({**cfg.to_dict(), "resolved": {"model": mcfg.to_dict()},
+                                    "data_info": t.data.describe()})
+            counts = param_counts(mcfg)
+            self.logger.log_metrics({"model/params": counts["total"], "model/router_params": counts["router"],
+                                     "model/flops_per_token": flops_per_token(mcfg, cfg.train.seq_len)["total"]},
+                                    0, flush=True)
+
+    def on_log(self, t: Trainer, step: int, metrics: dict, checkpoint: str | None) -> None:
+        self.logger.log_metrics(metrics, step, flush=checkpoint is not None)
+
+    def on_stop(self, t: Trainer) -> None:
+        self.logger.flush()  # the run stays RUNNING: the trial continues on resume
+
+    def on_end(self, t: Trainer, status: TrialStatus) -> None:
+        with tempfile.TemporaryDirectory() as d:
+            for path in write_artifacts(t, Path(d)):
+                self.logger.log_artifact(path)
+        self.logger.end(status)
+
+    def on_error(self, t: Trainer, exc: BaseException) -> None:
+        if self.logger is None:
+            return
+        self.logger.flush()
+        self.logger.end(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.FAILED)
+
+
+def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:
+    """Writes and yields, one by one: the resolved config (YAML), the final router weights (npz,
+    one dense (R, (l+1)R[, Hd]) array per layer) and, when the weights are finite, their heatmap:
+    the mean |w| by source layer (as in the LIMe paper's Figure 5)."""
+    mcfg = t.mcfg
+    config = folder / "config.yaml"
+    config.write_text(yaml.safe_dump({**t.cfg.to_dict(), "resolved_model": mcfg.to_dict()}, sort_keys=True))
+    yield config
+    dense = [t.model.router.dense(l).detach().float().cpu().numpy() for l in range(mcfg.n_layers)]
+    weights = folder / "router_weights.npz"
+    np.savez(weights, **{f"layer_{l}": w for l, w in enumerate(dense)})
+    yield weights
+    if not all(np.isfinite(w).all() for w in dense):
+        return  # a diverged trial's NaN/inf weights have no source map: no heatmap, not an error
+    heatmap = folder / "router_heatmap.png"
+    m = router_source_map([None] + dense[1:], mcfg.kv_heads)
+    plot_router_map(m, heatmap, title=f"{mcfg.router}: mean |w| by source layer")
+    yield heatmap
