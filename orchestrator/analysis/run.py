@@ -1,4 +1,4 @@
-"""Representation analysis of one model on a fixed evaluation set (PAPER.md "Analysis metrics").
+"""Representation analysis of one model on a fixed evaluation set (the paper's analysis metrics, arXiv 2502.09245).
 
 Per layer: matrix Renyi entropy of the values actually attended and of the hidden states,
 a linear separability probe on near-synonym words (is/are/was/were by default), and from the

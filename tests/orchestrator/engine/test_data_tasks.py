@@ -1,4 +1,4 @@
-"""Tests of the synthetic task data sources (orchestrator/data_tasks.py, issue 7).
+"""Tests of the synthetic task data sources (orchestrator/engine/data/tasks.py).
 
 Expected batches are rebuilt from the example TEXT with the vocabulary (not with ``task.encode``);
 ``evaluate`` is checked with stand-in models whose greedy output is known exactly: an oracle that
