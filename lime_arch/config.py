@@ -31,7 +31,13 @@ class ModelConfig:
     rope_theta: float = 10_000.0
     norm_eps: float = 1e-5
     tie_embeddings: bool = True
-    init_std: float = 0.02
+    # Std of the normal init of every weight matrix and the (tied) embedding; residual output
+    # projections (wo, w2) get init_std / sqrt(2 * n_layers). "auto" = 1 / sqrt(d_model), the
+    # fan-in rule that keeps each projection's output at the scale of its input at every width
+    # (LeCun normal). The paper's presets pin LLaMA's 0.02, which is about 1/sqrt(2500): right
+    # at width ~2048, but at width 64 it starts the residual stream 6x too small and the deep
+    # baseline ends far worse than it should (docs/ARCHITECTURE.md, "A fair baseline").
+    init_std: float | str = "auto"
     router: str = "none"
     router_init: str = "paper"
     attn_impl: str = "sdpa"
@@ -58,7 +64,10 @@ class ModelConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"model.d_model/n_heads: head dim {self.head_dim} must be even for RoPE")
-        for name in ("rope_theta", "norm_eps", "init_std"):
+        if self.init_std != "auto" and (isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float))
+                                        or not self.init_std > 0):
+            raise ConfigError(f"model.init_std: must be a positive number or 'auto', got {self.init_std!r}")
+        for name in ("rope_theta", "norm_eps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise ConfigError(f"model.{name}: must be a positive number, got {v!r}")
@@ -73,6 +82,11 @@ class ModelConfig:
     @property
     def kv_heads(self) -> int:
         return self.n_kv_heads or self.n_heads
+
+    @property
+    def std(self) -> float:
+        """The init std in effect (``init_std`` with "auto" resolved to 1/sqrt(d_model))."""
+        return self.d_model ** -0.5 if self.init_std == "auto" else float(self.init_std)
 
     @property
     def head_dim(self) -> int:
@@ -96,6 +110,7 @@ class ModelConfig:
 # ---------------------------------------------------------------------------------------------
 # Presets: each derives from `_base` (or another preset) by a small diff.
 GPT2_VOCAB = 50_257
+PAPER_INIT_STD = 0.02  # the authors' LLaMA init (Hugging Face LlamaConfig.initializer_range)
 PRESETS: dict[str, Callable[..., ModelConfig]] = {}
 
 
@@ -122,7 +137,7 @@ def _tiny() -> dict[str, Any]:
 def _150m() -> dict[str, Any]:
     # 151.9M parameters with the tied GPT-2 vocabulary (LLaMA 8/3 FFN ratio).
     return {**_base(), "vocab_size": GPT2_VOCAB, "d_model": 768, "n_layers": 16, "n_heads": 12,
-            "ffn_dim": 2048, "max_seq_len": 1024}
+            "ffn_dim": 2048, "max_seq_len": 1024, "init_std": PAPER_INIT_STD}
 
 
 def _deep(n_layers: int) -> dict[str, Any]:
@@ -140,7 +155,7 @@ register_preset("deep128")(lambda: _deep(128))
 def _1b() -> dict[str, Any]:
     # The paper's 1B MHA LLaMA (arXiv 2502.09245): 1.17674B parameters.
     return {**_base(), "vocab_size": GPT2_VOCAB, "d_model": 2048, "n_layers": 16, "n_heads": 32,
-            "n_kv_heads": 32, "ffn_dim": 8192, "max_seq_len": 2048}
+            "n_kv_heads": 32, "ffn_dim": 8192, "max_seq_len": 2048, "init_std": PAPER_INIT_STD}
 
 
 @register_preset("1b-gqa")

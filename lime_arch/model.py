@@ -168,8 +168,17 @@ class LIMeDecoder(nn.Module):
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
 
+    def _apply(self, fn, recurse=True):
+        # .float()/.half()/.to(dtype) cast every floating buffer; the RoPE tables stay float64 (cast
+        # per use), so a model moved between dtypes keeps exact angles
+        super()._apply(fn, recurse)
+        if self.rope_cos.dtype != torch.float64:
+            cos, sin = rope_cache(self.cfg.head_dim, self.cfg.max_seq_len, self.cfg.rope_theta)
+            self.rope_cos, self.rope_sin = cos.to(self.rope_cos.device), sin.to(self.rope_sin.device)
+        return self
+
     def _init_weights(self) -> None:
-        std = self.cfg.init_std
+        std = self.cfg.std
         for name, p in self.named_parameters():
             if p.dim() == 2:
                 # residual-output projections scaled by depth (GPT-2 style) keep deep stacks stable

@@ -289,3 +289,15 @@ def test_decoding_routers_alternately_share_no_state():
                 torch.testing.assert_close(a(idx), b(idx), rtol=1e-9, atol=1e-9)
 
 
+
+
+def test_dtype_casts_keep_the_rope_tables_exact():
+    """.to(bf16)/.float() cast floating buffers; the RoPE angles must stay float64 (cast per use).
+    Before this, a float model moved to float64 differed from a float64 one by ~1e-7 relative."""
+    from lime_arch.model import rope_cache
+
+    cfg = preset("tiny")
+    cos, sin = rope_cache(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
+    for cast in (lambda m: m.to(torch.bfloat16), lambda m: m.float(), lambda m: m.float().double()):
+        m = cast(build_model(cfg))
+        assert m.rope_cos.dtype == torch.float64 and torch.equal(m.rope_cos, cos) and torch.equal(m.rope_sin, sin)
