@@ -3,19 +3,56 @@ from __future__ import annotations
 
 import os
 
+from lime_arch import ConfigError
+from orchestrator.core.tracking import tracking_uri
+from orchestrator.sweep import extend
 from orchestrator.sweep.driver import run_sweep
 from orchestrator.sweep.spec import load_spec
-from orchestrator.sweep.view import dry_run_text, status_text
+from orchestrator.sweep.view import dry_run_text, experiment_dir, status_text
 
 
 def cmd_run(args) -> int:
+    add = _add_seeds(getattr(args, "add_seeds", None))
     spec = load_spec(args.file)  # every check; ConfigError -> one line, exit 2, nothing started
-    if args.dry_run:
-        print(dry_run_text(spec))
-        return 0
     address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None
-    summary = run_sweep(spec, address=address)
+    if args.dry_run:
+        print(_dry_run(spec, address, add))
+        return 0
+    summary = run_sweep(spec, address=address, add_seeds=add)
     return 0 if summary["ok"] else 1
+
+
+def _add_seeds(value: str | None) -> int:
+    """``--add-seeds N``: a positive integer (parsed here, so a bad one is one line and exit 2)."""
+    if value is None:
+        return 0
+    try:
+        n = int(value)
+    except ValueError:
+        n = 0
+    if n < 1 or str(value).strip() != str(n):
+        raise ConfigError(f"--add-seeds: must be a positive integer (how many seeds to add), got {value!r}")
+    return n
+
+
+def _dry_run(spec, address: str | None, add: int) -> str:
+    """The dry run of the sweep a run would launch: with the seeds in effect, and what a run of
+    this file would add to (or refuse about) the sweep it continues. Writes nothing."""
+    exp_dir = experiment_dir(spec.name)
+    try:
+        p = extend.plan(spec, exp_dir, tracking_uri(), add)
+    except ConfigError as e:
+        if add and "--add-seeds" in str(e):
+            raise
+        return _before_last(dry_run_text(spec, address), f"warning: a run would refuse: {e}")
+    text = dry_run_text(p.spec, address)
+    return _before_last(text, p.message) if p.message else text
+
+
+def _before_last(text: str, line: str) -> str:
+    """``line`` inserted before the dry run's last line (``dry run: nothing was started``)."""
+    head, _, last = text.rpartition("\n")
+    return f"{head}\n{line}\n{last}"
 
 
 def cmd_status(args) -> int:

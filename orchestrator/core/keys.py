@@ -16,7 +16,11 @@ ALIASES: dict[str, str] = {
     "router_lr_mult": "optim.router_lr_mult",
     "preset": "preset",
     "router_init": "model.router_init",
+    "depth_mix": "model.depth_mix",
 }
+# The one grid axis whose values are named bundles of overrides (``variant: {llama: {}, lime:
+# {router: full}}``): not a config key; trials carry it as a tag, ``variant=<name>``.
+VARIANT = "variant"
 # Columns that can split a sweep into cells besides the compared axis (seed never does).
 FACTORS = ("router", "n_layers", "d_model", "preset", "router_init", "lr", "router_lr", "router_lr_mult", "steps")
 _CANON = {v: k for k, v in ALIASES.items()}

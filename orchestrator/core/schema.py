@@ -175,7 +175,8 @@ def _message(err: dict, target: _Target) -> str:
     if kind in ("value_error", "assertion_error"):
         return str((err.get("ctx") or {}).get("error") or err["msg"])
     if kind == "literal_error":
-        return f"{value!r} is not one of {', '.join(str(a) for a in typing.get_args(target.tp))}"
+        allowed = [a for m in _members(target.tp) if typing.get_origin(m) is Literal for a in typing.get_args(m)]
+        return f"{value!r} is not one of {', '.join(str(a) for a in allowed)}"
     if kind in _RANGE_ERRORS and not target.description:
         return f"must be {_bounds(_all_meta(target))}{got}"
     if kind in _TYPE_ERRORS or kind in _RANGE_ERRORS:

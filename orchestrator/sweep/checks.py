@@ -1,7 +1,8 @@
 """The rules of a sweep file that its field types cannot say, used by the validators of
 ``orchestrator.sweep.schema``: axis names resolve to config keys, grid axes are non-empty lists
-without duplicates, a search space is a set of distributions, grid and search do not overlap,
-and the report compares a real axis against one of its values.
+without duplicates, the ``variant`` axis is a mapping of named bundles of overrides that no other
+axis touches, a search space is a set of distributions, grid and search do not overlap, and the
+report compares a real axis against one of its values (tuning another axis, if it says so).
 
 Each rule raises ``FieldError(message, at=...)`` with the location below the field it checks
 (``router[1]``) or, for rules between blocks, from the top of the file (``grid.lr``);
@@ -12,17 +13,21 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from lime_arch.config import ModelConfig
-from orchestrator.core.keys import ALIASES
+from orchestrator.core.keys import ALIASES, VARIANT
 from orchestrator.core.schema import FieldError
 from orchestrator.engine.config import DataConfig, OptimConfig, TrainConfig
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "choice")
 SEED = "train.seed"
+VARIANT_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_+-]*\Z")  # no '.', '=' or ',': key paths and trial ids
+VARIANT_HELP = ("a mapping of variant name -> overrides, such as {llama: {}, lime: {router: full}} "
+                "({} is the base as is)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,8 +54,13 @@ def format_value(v: Any) -> str:
 
 
 def key_of(axis: str) -> str:
-    """The dotted config key of an axis name (alias or dotted key)."""
+    """The dotted config key of an axis name (alias or dotted key); ``variant`` stays itself."""
     return ALIASES.get(axis, axis)
+
+
+def metric_mode(metric: str) -> str:
+    """Whether a metric is better low or high, from its name (accuracy-like metrics: max)."""
+    return "max" if any(w in metric for w in ("acc", "exact", "score")) else "min"
 
 
 def resolve_key(name: Any, at: str, where: str | None = None) -> str:
@@ -90,19 +100,64 @@ def _no_duplicates(values: list, at: str) -> None:
             raise FieldError(f"duplicate value {values[i]!r}", f"{at}[{i}]")
 
 
-def parse_grid(grid: Any) -> dict[str, list]:
-    """``grid:`` -> axis name (as written) -> its values, in file order."""
+def parse_grid(grid: Any) -> dict[str, list | dict]:
+    """``grid:`` -> axis name (as written) -> its values, in file order; the ``variant`` axis ->
+    variant name -> its overrides (iterating it gives the names, like a list of values)."""
     if grid is None:
         return {}
     if not isinstance(grid, dict):
         raise FieldError(f"must be a mapping of axis -> list of values, got {grid!r}")
-    for name, values, _key in _keyed(grid, "grid"):
+    axes = {k: v for k, v in grid.items() if k != VARIANT}
+    keys = {}
+    for name, values, key in _keyed(axes, "grid"):
         if not isinstance(values, list):
-            raise FieldError(f"must be a list of values, got {values!r}", name)
+            hint = f" (only grid.{VARIANT} holds named bundles of overrides)" if isinstance(values, dict) else ""
+            raise FieldError(f"must be a list of values, got {values!r}{hint}", name)
         if not values:
             raise FieldError("empty list; give at least one value", name)
         _no_duplicates(values, name)
-    return {name: list(values) for name, values in grid.items()}
+        keys[key] = name
+    out: dict[str, list | dict] = {}
+    for name, values in grid.items():
+        out[name] = parse_variants(values, keys) if name == VARIANT else list(values)
+    return out
+
+
+def parse_variants(variants: Any, axis_keys: dict[str, str]) -> dict[str, dict]:
+    """``grid.variant`` -> name -> overrides (keys as written). ``axis_keys``: dotted key -> the
+    grid axis that sets it (a variant may not set those)."""
+    if variants is None or variants == {}:
+        raise FieldError(f"empty; give at least one named bundle: {VARIANT_HELP}", VARIANT)
+    if not isinstance(variants, dict):
+        raise FieldError(f"must be {VARIANT_HELP}, got {variants!r}", VARIANT)
+    out, seen = {}, {}
+    for vname, bundle in variants.items():
+        if not isinstance(vname, str) or not VARIANT_NAME_RE.match(vname):
+            raise FieldError(f"variant names are letters, digits, '_', '+' and '-' (starting with a letter or digit), "
+                             f"got {vname!r}", VARIANT)
+        at = f"{VARIANT}.{vname}"
+        bundle = {} if bundle is None else bundle
+        if not isinstance(bundle, dict):
+            raise FieldError("must be a mapping of key -> value (an alias or a dotted key: {router: full, "
+                             f"optim.lr: 0.003}}); {{}} is the base as is, got {bundle!r}", at)
+        keys: dict[str, str] = {}
+        for k in bundle:
+            key = resolve_key(k, f"{at}.{k}")
+            if key in keys:
+                raise FieldError(f"the same key as {at}.{keys[key]} ({key})", f"{at}.{k}")
+            if key == SEED:
+                raise FieldError("a variant does not set the seed (every variant runs every seed of grid.seed)",
+                                 f"{at}.{k}")
+            if key in axis_keys:
+                raise FieldError(f"also an axis of this grid (grid.{axis_keys[key]}); a key is either a grid axis "
+                                 "or set by the variants, not both", f"{at}.{k}")
+            keys[key] = k
+        same_as = json.dumps({key_of(k): v for k, v in bundle.items()}, sort_keys=True, default=str)
+        if same_as in seen:
+            raise FieldError(f"the same overrides as grid.{VARIANT}.{seen[same_as]}", at)
+        seen[same_as] = vname
+        out[vname] = dict(bundle)
+    return out
 
 
 SPACE_HELP = "a mapping of key -> {loguniform|uniform|int|choice: [...]}"
@@ -171,6 +226,9 @@ def search_seeds(grid: dict[str, list], space: dict[str, SearchParam], repeat: i
         if gkey in searched:
             raise FieldError(f"also searched in search.space.{searched[gkey]}; a key is either a grid axis or "
                              "searched, not both", f"grid.{gname}")
+        if gname == VARIANT:
+            raise FieldError("named variants are a grid axis; a search sweep cannot have them (search "
+                             "search.space keys instead, or run one sweep per variant)", f"grid.{gname}")
         if gkey != SEED:
             raise FieldError(f"a grid cannot be combined with search (Optuna samples every trial); use "
                              f"search.space.{gname}: {{choice: [...]}} or separate sweeps; only grid.seed is "
@@ -190,31 +248,56 @@ def search_seeds(grid: dict[str, list], space: dict[str, SearchParam], repeat: i
 
 def report_defaults(axis: str | None, baseline: Any, axes: list[str], grid: dict[str, list] | None,
                     auto: Any) -> tuple[str, Any]:
-    """The compared axis and its baseline: as written, else ``router`` vs ``none`` when router is an
-    axis, else the first non-seed axis vs its first value. ``grid`` is None for a search sweep
-    (any baseline is accepted there); ``auto`` marks a baseline the file does not give."""
+    """The compared axis and its baseline: as written, else ``variant`` vs its first bundle when the
+    grid has named variants, else ``router`` vs ``none`` when router is an axis, else the first
+    non-seed axis vs its first value. ``grid`` is None for a search sweep (any baseline is
+    accepted there); ``auto`` marks a baseline the file does not give."""
     if axis is None:
         axis = "router"
-        if axes and not any(key_of(a) == "model.router" for a in axes):
+        if VARIANT in axes:
+            axis = VARIANT
+        elif axes and not any(key_of(a) == "model.router" for a in axes):
             axis = ([a for a in axes if key_of(a) != SEED] or axes)[0]
         written = False
     else:
         written = True
     if baseline is auto:
-        baseline = "none"
-        values = next((v for a, v in (grid or {}).items() if key_of(a) == key_of(axis)), None)
+        values = next((list(v) for a, v in (grid or {}).items() if key_of(a) == key_of(axis)), None)
+        baseline = values[0] if axis == VARIANT and values else "none"
         if values and not any(same(baseline, v) for v in values):
             baseline = values[0]
     if axes or written:
-        key = resolve_key(axis, "report.axis")
-        match = [a for a in axes if key_of(a) == key]
-        if not match:
-            raise FieldError(f"{axis!r} is not an axis of this sweep; axes: {', '.join(axes) or '(none)'}",
-                             "report.axis")
-        if grid is not None and not any(same(baseline, v) for v in grid[match[0]]):
-            raise FieldError(f"{baseline!r} is not a value of grid.{match[0]} "
-                             f"({', '.join(format_value(v) for v in grid[match[0]])})", "report.baseline")
+        match = _axis_match(axis, axes, "report.axis")
+        if grid is not None and not any(same(baseline, v) for v in grid[match]):
+            raise FieldError(f"{baseline!r} is not a value of grid.{match} "
+                             f"({', '.join(format_value(v) for v in grid[match])})", "report.baseline")
     return axis, baseline
+
+
+def _axis_match(name: Any, axes: list[str], at: str) -> str:
+    """The axis (as the grid writes it) that ``name`` names, or a FieldError at ``at``."""
+    key = VARIANT if name == VARIANT else resolve_key(name, at)
+    match = [a for a in axes if key_of(a) == key]
+    if not match:
+        raise FieldError(f"{name!r} is not an axis of this sweep; axes: {', '.join(axes) or '(none)'}", at)
+    return match[0]
+
+
+def check_tune(tune: Any, axis: str, axes: list[str], grid: dict[str, list] | None) -> None:
+    """``report.tune``: a grid axis other than the compared one and the seeds (each value of the
+    compared axis is then reported at its own best value of it)."""
+    if tune is None:
+        return
+    if grid is None:
+        raise FieldError("only a grid sweep has an axis to tune over (a search sweep already searches)",
+                         "report.tune")
+    match = _axis_match(tune, axes, "report.tune")
+    if key_of(match) == SEED:
+        raise FieldError("the seeds are the samples of each comparison, not a setting to tune; name another axis "
+                         "(usually lr)", "report.tune")
+    if key_of(match) == key_of(axis):
+        raise FieldError(f"{tune!r} is the compared axis (report.axis); tune another axis (usually lr)",
+                         "report.tune")
 
 
 def same(a: Any, b: Any) -> bool:

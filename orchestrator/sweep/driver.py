@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -28,51 +27,16 @@ from typing import Any
 from lime_arch import ConfigError
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
+from orchestrator.sweep import extend
 from orchestrator.sweep.console import TrialNamer, live_view
 from orchestrator.sweep.finish import finish
 from orchestrator.sweep.runs import WORKER_ENV, close_stale_runs, end_run, parent_run
 from orchestrator.sweep.spec import SweepSpec
+from orchestrator.sweep.state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
 from orchestrator.sweep.trial import make_trainable
 from orchestrator.sweep.view import experiment_dir, upper_corner
 
-STATE_FILE = "lime_sweep.json"
 log = logging.getLogger(__name__)
-
-
-def _metric_mode(metric: str) -> str:
-    return "max" if any(w in metric for w in ("acc", "exact", "score")) else "min"
-
-
-# -- sweep state (survives driver restarts) ------------------------------------------------------------
-def read_state(exp_dir: Path) -> dict:
-    p = exp_dir / STATE_FILE
-    if not p.is_file():
-        return {}
-    try:
-        return json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError):
-        return {}
-
-
-def write_state(exp_dir: Path, state: dict) -> None:
-    exp_dir.mkdir(parents=True, exist_ok=True)
-    tmp = exp_dir / (STATE_FILE + ".tmp")
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-    os.replace(tmp, exp_dir / STATE_FILE)
-
-
-def check_resumable(spec: SweepSpec, exp_dir: Path, uri: str) -> dict:
-    """The saved state of an earlier launch, or a ConfigError if this launch cannot continue it."""
-    state = read_state(exp_dir)
-    if not state:
-        return {}
-    if state.get("fingerprint") != spec.fingerprint():
-        raise ConfigError(f"{spec.path or spec.name}: the sweep's trials changed since {exp_dir} was started; "
-                          f"restore the file, or delete {exp_dir} to start the sweep over")
-    if state.get("tracking_uri") and state["tracking_uri"] != uri:
-        raise ConfigError(f"MLFLOW_TRACKING_URI: {exp_dir} was started with the MLflow store "
-                          f"{state['tracking_uri']}; set MLFLOW_TRACKING_URI to it to resume, or delete {exp_dir}")
-    return state
 
 
 def _check_local_resources(spec: SweepSpec) -> None:
@@ -122,13 +86,16 @@ def _start_ray(address: str | None, uri: str, num_cpus: int | None) -> bool:
 
 # -- the driver -----------------------------------------------------------------------------------------
 def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Path | None = None,
-              num_cpus: int | None = None, status_every: float = 15.0) -> dict:
-    """Run (or resume) a validated sweep; returns a summary dict (``ok``, counts, parent run, best)."""
+              num_cpus: int | None = None, status_every: float = 15.0, add_seeds: int = 0) -> dict:
+    """Run (or resume, or grow by ``add_seeds`` seeds) a validated sweep; returns a summary dict
+    (``ok``, counts, parent run, best)."""
     uri = tracking_uri()
     exp_dir = experiment_dir(spec.name, results)
-    state = check_resumable(spec, exp_dir, uri)
     if not address:
         _check_local_resources(spec)
+    spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds)  # refuses changed trials
+    if grown:
+        print(grown, flush=True)
     cl, exp_id, parent, stale = _open_tracking(spec, uri, exp_dir, state)
     if address and uri.startswith("sqlite:"):
         print(f"note: MLflow store {uri} is a local file; workers on other machines need the same path "
@@ -136,7 +103,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     _quiet_ray()
     started = _start_ray(address, uri, num_cpus)
     metric = spec.search.metric if spec.search else spec.report.metric
-    mode = spec.search.mode if spec.search else _metric_mode(metric)
+    mode = spec.search.mode if spec.search else spec.report.mode
     view = _live_view(spec, metric, mode, status_every)
     print(f"sweep {spec.name}: {spec.n_trials()} trials, {spec.resources.cpu:g} CPU / {spec.resources.gpu:g} GPU "
           f"each, Ray {'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} "
@@ -185,7 +152,13 @@ def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
 
 
 def _tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):
-    """The sweep's Tuner: restored from an earlier launch's state, else new."""
+    """The sweep's Tuner; a sweep whose seeds grew has one Ray experiment per growth, fitted in
+    turn (``orchestrator.sweep.extend``)."""
+    return extend.tuners(spec, exp_dir, view, ctx, _one_tuner)
+
+
+def _one_tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):
+    """One Ray experiment's Tuner: restored from an earlier launch's state, else new."""
     from ray import tune
 
     trainable = tune.with_resources(make_trainable(spec, ctx), {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
@@ -213,7 +186,7 @@ def _new_tuner(spec: SweepSpec, trainable, exp_dir: Path, view):
     else:
         space = _search_space(spec, tc)
     run_config = tune.RunConfig(
-        name=spec.name, storage_path=str(exp_dir.parent), verbose=0, callbacks=[view],
+        name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0, callbacks=[view],
         failure_config=tune.FailureConfig(max_failures=spec.max_failures),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
     return tune.Tuner(trainable, param_space=space, tune_config=tune.TuneConfig(**tc), run_config=run_config)

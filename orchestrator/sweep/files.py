@@ -50,11 +50,38 @@ def sweep_files(folder: str | os.PathLike) -> list[Path]:
     return sorted(p for p in Path(folder).glob("*.yaml") if not is_base(p))
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key given twice in one mapping is an error: plain YAML
+    readers keep the last one silently (a second ``grid:`` would replace the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *anchor` merges, it is no key
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first on line {seen[key]}); a key may appear once "
+                                        "in a mapping", key_node.start_mark)
+                    seen[key] = key_node.start_mark.line + 1
+                except TypeError:  # an unhashable key: the constructor below reports it
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Path) -> tuple[Any, str]:
-    """A file's YAML and its text."""
-    text = path.read_text()
+    """A file's YAML and its text; not UTF-8 text, invalid YAML or a duplicate key: one FileError line."""
     try:
-        return yaml.safe_load(text), text
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise FileError(f"{path}: not a text file (byte {e.start} is not UTF-8); a sweep file is YAML text") from None
+    except OSError as e:
+        raise FileError(f"{path}: cannot read it: {e.strerror or e}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader), text  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""

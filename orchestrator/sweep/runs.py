@@ -78,7 +78,11 @@ def sweep_params(spec: SweepSpec) -> dict[str, object]:
         "sweep.resources.cpu": r.cpu, "sweep.resources.gpu": r.gpu, "sweep.max_failures": spec.max_failures,
         "sweep.max_concurrent": spec.max_concurrent, "sweep.report.metric": spec.report.metric,
         "sweep.report.axis": spec.report.axis, "sweep.report.baseline": spec.report.baseline,
-        "sweep.report.explicit": ",".join(spec.report_stated), "sweep.fingerprint": spec.fingerprint()}
+        "sweep.report.explicit": ",".join(spec.report_stated), "sweep.fingerprint": spec.fingerprint(),
+        "sweep.report.alpha": spec.report.alpha, "sweep.report.mode": spec.report.mode}
+    for key in ("tune", "paper"):  # only when the file sets them (the report reads their absence as unset)
+        if getattr(spec.report, key) is not None:
+            params[f"sweep.report.{key}"] = getattr(spec.report, key)
     if spec.extends:
         params["sweep.extends"] = spec.extends
     if spec.search is not None:

@@ -7,7 +7,7 @@ into ``SweepSpec`` (``orchestrator.sweep.spec.parse_spec``) is the whole file ch
 trials themselves, which ``parse_spec`` builds and validates next.
 
 Trial ids are readable and deterministic: the grid axes as written, in file order
-(``router=full,seed=2``); the same file always gives the same ids.
+(``router=full,seed=2``, ``variant=lime,seed=0``); the same file always gives the same ids.
 """
 from __future__ import annotations
 
@@ -26,13 +26,17 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
+from orchestrator.core.keys import VARIANT
 from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, Str
 from orchestrator.engine.config import TrainConfig, TrialConfig, set_dotted
 from orchestrator.engine.data import check_source
 from orchestrator.sweep.checks import (
+    SEED,
     SearchParam,
+    check_tune,
     format_value,
     key_of,
+    metric_mode,
     parse_grid,
     parse_space,
     report_defaults,
@@ -45,6 +49,20 @@ Name = Annotated[Str, Field(pattern="^" + NAME_RE.pattern.replace(r"\Z", "$"),
                             description="lowercase letters, digits and '-' ([a-z0-9][a-z0-9-]*)")]
 Metric = Annotated[Str, Field(pattern="^" + METRIC_RE.pattern.replace(r"\Z", "$"),
                               description="a metric key such as final/val_loss or val/accuracy")]
+PaperRef = Annotated[Annotated[Str, Field(pattern="^[a-z0-9-]+$")] | None,
+                     Field(description="a short reference name of a paper table: lowercase letters, digits and '-' "
+                                       "(such as table-1)")]
+# Names a sweep may not have: its results go to results/<name>/ and its Ray experiment to
+# results/ray/<name>/, so a sweep named after another folder of results/ would write into it
+# (ray: Ray's experiments; bench, analysis: `lime bench` and `lime analyze`; dashboard: the dashboard
+# check), and its MLflow experiment is named after it (lime-train, lime-bench: `lime train`'s and
+# `lime bench`'s experiments).
+RESERVED_NAMES = {"ray": "results/ray holds every sweep's Ray experiment",
+                  "bench": "results/bench holds `lime bench`'s output",
+                  "analysis": "results/analysis holds `lime analyze`'s output",
+                  "dashboard": "results/dashboard holds the dashboard check's screenshots",
+                  "lime-train": "the MLflow experiment of `lime train`",
+                  "lime-bench": "the MLflow experiment of `lime bench`"}
 
 
 def _empty_is_default(v: Any) -> Any:
@@ -96,9 +114,13 @@ class Resources:
 @dataclass(kw_only=True, config=CONFIG)
 class ReportSpec:
     metric: Metric = "final/val_loss"
-    # axis None: router if it is an axis, else the first non-seed axis
+    # axis None: variant if it is an axis, else router if it is one, else the first non-seed axis
     axis: Annotated[Str | None, Field(description="an axis name")] = None
-    baseline: Any = AUTO  # AUTO: none if it is a value of the axis, else the axis's first value
+    baseline: Any = AUTO  # AUTO: variant's first bundle; none if it is a value of the axis; else its first value
+    alpha: Annotated[Float, Field(gt=0, le=0.5)] = 0.05  # the significance level of the report's tests
+    mode: Literal["min", "max"] | None = None  # None: search.mode for the searched metric, else from its name
+    tune: Annotated[Str | None, Field(description="an axis name of the grid (usually lr)")] = None
+    paper: PaperRef = None  # the paper table the sweep mirrors (the report's fidelity section)
 
 
 @dataclass(kw_only=True, config=CONFIG)
@@ -125,14 +147,15 @@ class SweepSpec:
     replace: list[Str] | None = None  # mappings that replace the parent's (applied with extends)
     base: Annotated[Mapping, BeforeValidator(_empty_is_default),
                     Field(description="a mapping (preset, model, data, optim, train)")] = field(default_factory=dict)
-    grid: Annotated[dict[str, list], BeforeValidator(parse_grid)] = field(default_factory=dict)  # file order
+    # file order; grid.variant is a mapping name -> overrides (iterating it gives the names)
+    grid: Annotated[dict[str, list | dict], BeforeValidator(parse_grid)] = field(default_factory=dict)
     search: SearchSpec | None = None
     resources: _block(Resources, "a mapping like {cpu: 1, gpu: 0}") = field(default_factory=Resources)
     max_concurrent: Annotated[Int, Field(ge=1)] | None = None
     max_failures: Annotated[Int, Field(ge=0)] = 2
     checkpoint_interval: Annotated[Int, Field(ge=0)] | None = None  # None: the base's, else max(log, steps // 5)
-    report: _block(ReportSpec, "a mapping like {metric: final/val_loss, axis: router, baseline: none}") = \
-        field(default_factory=ReportSpec)
+    report: _block(ReportSpec, "a mapping like {metric: final/val_loss, axis: router, baseline: none, alpha: 0.05}"
+                   ) = field(default_factory=ReportSpec)
     analysis: _block(AnalysisSpec, "a mapping like {enabled: false}") = field(default_factory=AnalysisSpec)
     path: str | None = field(default=None, init=False)  # the file it came from
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
@@ -142,7 +165,16 @@ class SweepSpec:
     def report_stated(self) -> tuple[str, ...]:
         """The report settings the file (or a file it extends) writes; the others are defaults."""
         rep = self.resolved.get("report")
-        return tuple(k for k in ("metric", "axis", "baseline") if isinstance(rep, dict) and k in rep)
+        keys = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper")
+        return tuple(k for k in keys if isinstance(rep, dict) and k in rep)
+
+    @field_validator("name")
+    @classmethod
+    def _not_reserved(cls, name: str) -> str:
+        if name in RESERVED_NAMES:
+            raise ValueError(f"{name!r} is reserved ({RESERVED_NAMES[name]}); reserved names: "
+                             f"{', '.join(RESERVED_NAMES)}")
+        return name
 
     @field_validator("description")
     @classmethod
@@ -158,9 +190,12 @@ class SweepSpec:
             s.seeds = search_seeds(self.grid, s.space, s.repeat)
             s.repeat = len(s.seeds) if s.seeds else (s.repeat or 1)
             self.grid = {a: v for a, v in self.grid.items() if key_of(a) != "train.seed"}  # the Repeater's seeds
-        r = self.report
-        r.axis, r.baseline = report_defaults(r.axis, r.baseline, self.axes(),
-                                             None if self.search is not None else self.grid, AUTO)
+        r, grid = self.report, (None if self.search is not None else self.grid)
+        r.axis, r.baseline = report_defaults(r.axis, r.baseline, self.axes(), grid, AUTO)
+        check_tune(r.tune, r.axis, self.axes(), grid)
+        if r.mode is None:
+            searched = self.search is not None and self.search.metric == r.metric
+            r.mode = self.search.mode if searched else metric_mode(r.metric)
         return self
 
     # -- trials -----------------------------------------------------------------------------------
@@ -176,7 +211,10 @@ class SweepSpec:
         trial's ``__trial_index__`` (Ray's Repeater) selects its seed."""
         d = copy.deepcopy(self.base)
         for name, value in params.items():
-            if name != "__trial_index__":
+            if name == VARIANT and isinstance(self.grid.get(VARIANT), dict):
+                for k, v in self.variant(value).items():
+                    set_dotted(d, self.key(k), copy.deepcopy(v))
+            elif name != "__trial_index__":
                 set_dotted(d, self.key(name), copy.deepcopy(value))
         if "__trial_index__" in params and self.search is not None:
             set_dotted(d, "train.seed", self.seed_of(int(params["__trial_index__"])))
@@ -198,6 +236,13 @@ class SweepSpec:
         cfg = TrialConfig.from_dict(d)
         check_source(cfg.data)  # files exist, task parameters fit: before Ray starts
         return cfg
+
+    def variant(self, name: Any) -> dict[str, Any]:
+        """The overrides of a named variant (keys as written)."""
+        variants = self.grid.get(VARIANT)
+        if not isinstance(variants, dict) or not isinstance(name, str) or name not in variants:
+            raise ConfigError(f"{VARIANT}: no variant {name!r}; variants: {', '.join(variants or {}) or '(none)'}")
+        return variants[name]
 
     def seed_of(self, index: int) -> int:
         """The seed of a search trial's ``index``-th repeat: grid.seed's, else the base seed + index."""
@@ -232,6 +277,19 @@ class SweepSpec:
 
     def axes(self) -> list[str]:
         return list(self.search.space) if self.search is not None else list(self.grid)
+
+    def seed_axis(self) -> str | None:
+        """The grid axis that holds the seeds (``seed`` or ``train.seed``), if there is one."""
+        return next((a for a in self.grid if key_of(a) == SEED), None)
+
+    def with_seeds(self, seeds: list) -> SweepSpec:
+        """This grid sweep with other values of its seed axis (the rest shared, not copied)."""
+        axis = self.seed_axis()
+        if axis is None or self.search is not None:
+            raise ConfigError("grid.seed: the sweep has no seed axis")
+        new = copy.copy(self)
+        new.grid = {a: (list(seeds) if a == axis else v) for a, v in self.grid.items()}
+        return new
 
     def fingerprint(self) -> str:
         """A hash of everything that defines the trials (not the description or the report).

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError, flops_per_token, param_counts
-from orchestrator.core.keys import ALIASES  # noqa: F401 - part of the format's vocabulary
+from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
 from orchestrator.core.schema import validate
 from orchestrator.engine.config import TrialConfig
 from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
@@ -105,7 +105,7 @@ def _validate_trials(spec: SweepSpec) -> None:
     if spec.search is None:
         for name, values in spec.grid.items():
             for i, v in enumerate(values):
-                check({name: v}, f"grid.{name}[{i}]")
+                check({name: v}, f"grid.{name}.{v}" if name == VARIANT else f"grid.{name}[{i}]")
         for t in itertools.product(*spec.grid.values()):
             check(dict(zip(spec.grid, t)))
         return
@@ -132,6 +132,11 @@ def _attribute(spec: SweepSpec, params: dict, msg: str, where_first: str | None)
         return _prefixed("base", msg)
     if where_first is not None:
         name = next(iter(k for k in params if k != "__trial_index__"))
+        if name == VARIANT:  # the bundle's key the message is about: grid.variant.lime.router
+            for k in spec.variant(params[name]):
+                if msg.startswith(spec.key(k) + ":"):
+                    return f"{where_first}.{k}: {msg[len(spec.key(k)) + 1:].strip()}"
+            return f"{where_first}: {msg}"
         key = spec.key(name)
         if msg.startswith(key + ":"):
             return f"{where_first}: {msg[len(key) + 1:].strip()}"

@@ -11,7 +11,9 @@ from typing import Any
 from lime_arch import ConfigError
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
+from orchestrator.sweep.preflight import warnings
 from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
+from orchestrator.sweep.state import extension_dirs, read_state
 
 
 def results_root() -> Path:
@@ -32,7 +34,9 @@ def fmt_time(s: float) -> str:
 
 
 # -- dry run --------------------------------------------------------------------------------------------
-def dry_run_text(spec: SweepSpec) -> str:
+def dry_run_text(spec: SweepSpec, address: str | None = None) -> str:
+    """The dry run: the trials, resources and compute, then one warning line per thing this
+    machine may lack (``address``: the Ray cluster the run would use; None: a local Ray)."""
     r = spec.resources
     lines = [f"sweep {spec.name}: {spec.description}",
              f"file: {spec.path or '-'}   results: {experiment_dir(spec.name)}",
@@ -75,7 +79,12 @@ def dry_run_text(spec: SweepSpec) -> str:
     lines.append(f"total: {spec.n_trials()} trials, {human(total_tok)} tokens, {human(total_flops)}FLOP "
                  "(training = 3 x forward FLOPs/token x steps x batch x seq x grad_accum)")
     rep = spec.report
-    lines.append(f"report: {rep.metric} by {rep.axis}, baseline {rep.baseline}")
+    tuned = f", each at its best {rep.tune}" if rep.tune else ""
+    lines.append(f"report: {rep.metric} ({rep.mode}) by {rep.axis}, baseline {rep.baseline}{tuned}, alpha {rep.alpha:g}"
+                 + (f", paper {rep.paper}" if rep.paper else ""))
+    lines += [f"warning: {w}" for w in warnings(spec, (cfg for _, cfg in rows), address)]
+    # -- the statistics planner's block goes here: one call that appends its lines (what this
+    #    design can show at these seed counts, loud when it cannot reach significance) --
     lines.append("dry run: nothing was started")
     return "\n".join(lines)
 
@@ -93,14 +102,20 @@ def _largest(values) -> Any:
 
 # -- status -----------------------------------------------------------------------------------------------
 def status_text(name: str) -> str:
-    """Trials by state from MLflow (runs tagged sweep=<name>) and Ray's saved experiment state."""
-    cl = client()
+    """Trials by state from MLflow (runs tagged sweep=<name>) and Ray's saved experiment state.
+    Reads only: a missing MLflow store is an error, never created."""
+    uri, exp_dir = tracking_uri(), experiment_dir(name)
+    _store_exists(uri, name, exp_dir)
+    cl = client(uri)
     exp = cl.get_experiment_by_name(name)
-    exp_dir = experiment_dir(name)
     saved = ray_trials(exp_dir)
     if exp is None and not saved:
-        raise ConfigError(f"sweep {name!r}: no MLflow experiment in {tracking_uri()} and no Ray results in {exp_dir}")
-    lines = [f"sweep {name}: MLflow {tracking_uri()}, Ray results {exp_dir}"]
+        raise ConfigError(f"sweep {name!r}: no MLflow experiment in {uri} and no Ray results in {exp_dir}")
+    lines = [f"sweep {name}: MLflow {uri}, Ray results {exp_dir}"]
+    state = read_state(exp_dir)
+    if state.get("extensions"):
+        grown = "; ".join(f"{e['name']}: seeds {', '.join(map(str, e['seeds']))}" for e in state["extensions"])
+        lines.append(f"seeds in effect: {', '.join(map(str, state.get('seeds', [])))} (grown: {grown})")
     runs = list(cl.search_runs([exp.experiment_id], f"tags.sweep = '{name}'", max_results=5000)) if exp else []
     parents = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
     children = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]
@@ -128,8 +143,29 @@ def status_text(name: str) -> str:
     return "\n".join(lines)
 
 
-def ray_trials(exp_dir: Path) -> dict[str, str]:
-    """Trial name -> Ray status from the newest saved experiment state (best effort, no Ray import)."""
+def _store_exists(uri: str, name: str, exp_dir: Path) -> None:
+    """A sqlite store that does not exist: one line naming it (and the store the sweep ran with)."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):])
+    if path.is_file():
+        return
+    ran = read_state(exp_dir).get("tracking_uri")
+    hint = (f"; sweep {name!r} ran with the store {ran}: set MLFLOW_TRACKING_URI to it" if ran and ran != uri else
+            "; set MLFLOW_TRACKING_URI to the store the sweep ran with")
+    raise ConfigError(f"sweep {name!r}: no MLflow store at {path} (nothing was created){hint}")
+
+
+def ray_trials(exp_dir: Path, extensions: bool = True) -> dict[str, str]:
+    """Trial name -> Ray status from the newest saved experiment state (best effort, no Ray import);
+    with ``extensions``, also the trials of the sweep's seed extensions (``extend-<k>/``)."""
+    out = _saved_trials(Path(exp_dir))
+    for d in extension_dirs(exp_dir) if extensions else []:
+        out.update(_saved_trials(d))
+    return out
+
+
+def _saved_trials(exp_dir: Path) -> dict[str, str]:
     files = sorted(exp_dir.glob("experiment_state-*.json"))
     if not files:
         return {}

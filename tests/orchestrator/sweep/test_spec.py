@@ -20,9 +20,12 @@ SWEEPS = sweep_files(ROOT / "sweeps")  # runnable sweeps: shared bases (_name.ya
 PAPER = ["router-ablation-150m", "router-structure-150m", "deep-routing-128", "depth-scaling", "router-lr"]
 
 
-def _write(tmp_path: Path, name: str, doc: dict | str) -> Path:
+def _write(tmp_path: Path, name: str, doc: dict | str | bytes) -> Path:
     p = tmp_path / f"{name}.yaml"
-    p.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
+    if isinstance(doc, bytes):
+        p.write_bytes(doc)
+    else:
+        p.write_text(doc if isinstance(doc, str) else yaml.safe_dump(doc, sort_keys=False))
     return p
 
 
@@ -198,13 +201,36 @@ BAD: list[tuple[str, dict | str, str]] = [
     ("unknown-resource", _good(resources={"cpu": 1, "tpu": 1}), "resources.tpu: unknown key; allowed: cpu, gpu"),
     ("zero-samples", _good(grid={}, search={"space": {"lr": {"uniform": [1e-4, 1e-2]}}, "num_samples": 0}),
      "search.num_samples: must be >= 1, got 0"),
+    # a key twice: an error, not the last one silently winning; a file that is not UTF-8 text
+    ("duplicate-top-key", "name: duplicate-top-key\ndescription: d\ngrid: {router: [none]}\ngrid: {router: [full]}\n",
+     "not valid YAML (line 4): duplicate key 'grid' (first on line 3)"),
+    ("duplicate-nested-key", "name: duplicate-nested-key\ndescription: d\nbase:\n  train: {steps: 3, steps: 4}\n",
+     "not valid YAML (line 4): duplicate key 'steps'"),
+    ("binary", b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe" + bytes(range(256)),
+     "not a text file (byte 0 is not UTF-8)"),
+    # names that would collide with other folders of results/ or other MLflow experiments
+    ("ray", _good(name="ray"), "name: 'ray' is reserved (results/ray holds every sweep's Ray experiment)"),
+    ("bench", _good(name="bench"), "name: 'bench' is reserved"),
+    ("lime-train", _good(name="lime-train"), "name: 'lime-train' is reserved (the MLflow experiment of `lime train`)"),
+    # named variants
+    ("variant-unknown-key", _good(grid={"variant": {"llama": {}, "lime": {"rooter": "full"}}}),
+     "grid.variant.lime.rooter: unknown key"),
+    ("variant-empty", _good(grid={"variant": {}, "seed": [0]}), "grid.variant: empty; give at least one named bundle"),
+    ("variant-overrides-axis", _good(grid={"variant": {"llama": {}, "lime": {"router": "full"}}, "router": ["none"]}),
+     "grid.variant.lime.router: also an axis of this grid (grid.router)"),
+    ("variant-bad-value", _good(grid={"variant": {"llama": {}, "lime": {"router": "ful"}}}),
+     "grid.variant.lime.router: unknown router 'ful'"),
+    # the report's settings
+    ("report-alpha", _good(report={"alpha": 1}), "report.alpha: must be in (0, 0.5], got 1"),
+    ("report-tune", _good(report={"tune": "lr"}), "report.tune: 'lr' is not an axis of this sweep"),
+    ("report-paper", _good(report={"paper": "Table 1"}), "report.paper: must be a short reference name"),
 ]
 
 
 @pytest.mark.parametrize("case,doc,expect", BAD, ids=[b[0] for b in BAD])
 def test_bad_sweep_file_is_one_clear_error(tmp_path, case, doc, expect):
-    p = _write(tmp_path, case, doc if isinstance(doc, str) else {**doc, "name": doc.get("name", case)
-                                                                  if doc.get("name") != "mini" else case})
+    p = _write(tmp_path, case, doc if isinstance(doc, (str, bytes)) else {**doc, "name": doc.get("name", case)
+                                                                           if doc.get("name") != "mini" else case})
     with pytest.raises(ConfigError) as e:
         load_spec(p)
     msg = str(e.value)
@@ -218,21 +244,35 @@ def test_bad_sweep_files_exit_2_with_one_line_and_never_start_ray(tmp_path):
     nothing is written to the MLflow store or the results folder."""
     paths = []
     for case, doc, expect in BAD:
-        d = doc if isinstance(doc, str) else {**doc, "name": case if doc.get("name") == "mini" else doc["name"]}
-        paths.append((str(_write(tmp_path, case, d)), expect))
-    paths.append((str(tmp_path / "missing.yaml"), "no such sweep file"))
+        d = doc if isinstance(doc, (str, bytes)) else {**doc, "name": case if doc.get("name") == "mini"
+                                                       else doc["name"]}
+        paths.append((["sweep", "run", str(_write(tmp_path, case, d))], expect))
+    paths.append((["sweep", "run", str(tmp_path / "missing.yaml")], "no such sweep file"))
     import torch
 
     if not torch.cuda.is_available():  # a GPU sweep on a machine without one: refused before Ray starts
-        paths.append((str(ROOT / "sweeps" / "router-ablation-150m.yaml"), "resources.gpu: 1 per trial"))
+        paths.append((["sweep", "run", str(ROOT / "sweeps" / "router-ablation-150m.yaml")],
+                      "resources.gpu: 1 per trial"))
+    # the command line: --add-seeds must be a positive number, and a search's seeds do not grow;
+    # `sweep status` without a store says so and creates none
+    default = str(ROOT / "sweeps" / "default.yaml")
+    search = _write(tmp_path, "searching", _good(name="searching", grid={}, search={
+        "space": {"lr": {"loguniform": [1e-3, 1e-2]}}, "num_samples": 2}))
+    paths += [(["sweep", "run", default, "--add-seeds", n],
+               f"--add-seeds: must be a positive integer (how many seeds to add), got '{n}'")
+              for n in ("0", "-2", "1.5", "two")]
+    paths += [(["sweep", "run", str(search), "--add-seeds", "2"], "--add-seeds: " + str(search) + " is a search sweep"),
+              (["sweep", "run", str(search), "--add-seeds", "2", "--dry-run"], "is a search sweep"),
+              (["sweep", "status", "default"], f"sweep 'default': no MLflow store at {tmp_path}/mlflow.db "
+                                               "(nothing was created)")]
     script = textwrap.dedent("""
         import contextlib, io, json, sys
         from orchestrator.cli import main
         out = []
-        for path in json.loads(sys.argv[1]):
+        for args in json.loads(sys.argv[1]):
             err = io.StringIO()
             with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
-                rc = main(["sweep", "run", path])
+                rc = main(args)
             out.append({"rc": rc, "stderr": err.getvalue()})
         print(json.dumps({"results": out, "ray_imported": "ray" in sys.modules}))
     """)

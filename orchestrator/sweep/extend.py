@@ -1,0 +1,232 @@
+"""Resuming a sweep, and growing its seed axis: only the new trials run, under the same parent run.
+
+A launch of a sweep that ran before continues it when the file defines the same trials (the
+fingerprint saved in ``lime_sweep.json``, ``orchestrator.sweep.state``). The one change allowed
+is more seeds: ``grid.seed`` grown in the file, or ``lime sweep run FILE --add-seeds N`` (N new
+seeds after the largest one in effect; the file is not rewritten, so the state remembers them).
+Anything else that changes the trial set is refused, as is removing a seed that ran.
+
+Ray Tune cannot add trials to an experiment it restores, so every growth is one more Ray
+experiment inside the sweep's folder: ``results/ray/<sweep>/`` is the first launch's experiment
+(as always) and ``results/ray/<sweep>/extend-<k>/`` the k-th growth's (its trials' folders and
+logs are there). Each launch resumes every experiment that is not finished, in order, then the
+new one; all trials log to the same MLflow experiment and parent run, so ``lime report`` sees
+them all. The state records ``seeds`` (in effect), ``base_seeds`` and ``base_fingerprint`` (the
+first launch's) and ``extensions`` ([{name, seeds}]), so an interrupted growth resumes with a
+plain ``lime sweep run FILE``. States written before this existed are read by their fingerprint:
+seeds appended at the end of ``grid.seed`` are recognised.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from lime_arch import ConfigError
+from orchestrator.core.tracking import client
+from orchestrator.sweep.files import resolved_yaml
+from orchestrator.sweep.runs import RAY_DONE
+from orchestrator.sweep.schema import SweepSpec
+from orchestrator.sweep.state import STATE_FILE, read_state, write_state
+from orchestrator.sweep.view import ray_trials
+
+EXT_PREFIX = "extend-"
+
+
+@dataclasses.dataclass
+class Part:
+    """One Ray experiment of a sweep: the first launch's (``name`` "") or an extension's."""
+
+    name: str
+    seeds: list | None  # the seed values it runs (None: a sweep without a seed axis, or a search)
+    spec: SweepSpec  # the sweep restricted to those seeds
+    dir: Path  # its Ray experiment folder
+
+
+@dataclasses.dataclass
+class Plan:
+    """What a launch runs: the sweep in effect (every seed) and its Ray experiments."""
+
+    spec: SweepSpec
+    state: dict  # the saved state ({}: a first launch)
+    parts: list[Part]
+    added: list  # seeds this launch adds
+    message: str | None  # one line for the console, or None
+    record: dict | None  # the state keys to save (None: nothing to save)
+
+
+def _fmt(seeds: list) -> str:
+    return ", ".join(str(s) for s in seeds)
+
+
+def _where(spec: SweepSpec) -> str:
+    return spec.path or spec.name
+
+
+def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0) -> Plan:
+    """The launch of ``spec`` against the saved state in ``exp_dir``; ConfigError when it cannot
+    continue that sweep (its trials changed, a seed that ran was removed, another MLflow store)."""
+    exp_dir = Path(exp_dir)
+    state = read_state(exp_dir)
+    if not state.get("fingerprint") and "base_fingerprint" not in state:
+        state = {}  # nothing ran from it
+    axis = spec.seed_axis() if spec.search is None else None
+    if add_seeds and spec.search is not None:
+        raise ConfigError(f"--add-seeds: {_where(spec)} is a search sweep; only a grid sweep's seed axis can grow "
+                          "(Optuna samples a search's trials)")
+    if add_seeds and axis is None:
+        raise ConfigError(f"--add-seeds: {_where(spec)} has no seed axis (grid.seed); adding one would rename "
+                          "every trial")
+    if state.get("tracking_uri") and state["tracking_uri"] != uri:
+        raise ConfigError(f"MLFLOW_TRACKING_URI: {exp_dir} was started with the MLflow store "
+                          f"{state['tracking_uri']}; set MLFLOW_TRACKING_URI to it to resume, or delete {exp_dir}")
+    if axis is None:
+        if state and state.get("base_fingerprint", state.get("fingerprint")) != spec.fingerprint():
+            raise _changed(spec, exp_dir)
+        return Plan(spec, state, [Part("", None, spec, exp_dir)], [], None, None)
+    file_seeds = list(spec.grid[axis])
+    if not state:  # a first launch: the file's seeds and any added ones are one experiment
+        added = _after(file_seeds, add_seeds)
+        first = Part("", file_seeds + added, spec.with_seeds(file_seeds + added) if added else spec, exp_dir)
+        record = {"seeds": first.seeds, "base_seeds": first.seeds, "base_fingerprint": first.spec.fingerprint(),
+                  "extensions": []}
+        msg = (f"seeds {_fmt(added)} added to the file's {_fmt(file_seeds)}: {first.spec.n_trials()} trials"
+               + _not_rewritten(spec, axis, file_seeds, exp_dir)) if added else None
+        return Plan(first.spec, state, [first], added, msg, record if added else None)
+    base_seeds, exts, base_fp = _history(state, spec, axis, exp_dir)
+    removed = [s for s in base_seeds if s not in file_seeds]
+    if removed:
+        raise ConfigError(f"{_where(spec)}: grid.{axis}: seed {_fmt(removed)} ran in this sweep ({exp_dir}); seeds "
+                          f"can be added, not removed; restore it, or delete {exp_dir} to start the sweep over")
+    in_effect = base_seeds + [s for e in exts for s in e["seeds"]]
+    added = [s for s in file_seeds if s not in in_effect] + _after([*in_effect, *file_seeds], add_seeds)
+    parts = [Part("", base_seeds, spec.with_seeds(base_seeds), exp_dir)]
+    parts += [Part(e["name"], list(e["seeds"]), spec.with_seeds(e["seeds"]), exp_dir / e["name"]) for e in exts]
+    if added:
+        name = f"{EXT_PREFIX}{len(exts) + 1}"
+        exts = [*exts, {"name": name, "seeds": added}]
+        parts.append(Part(name, added, spec.with_seeds(added), exp_dir / name))
+    full = spec.with_seeds(in_effect + added)
+    record = {"seeds": in_effect + added, "base_seeds": base_seeds, "base_fingerprint": base_fp, "extensions": exts}
+    msgs = []
+    if added:
+        msgs.append(f"seeds {_fmt(added)} added: {parts[-1].spec.n_trials()} new trials in Ray experiment "
+                    f"{parts[-1].dir}; {full.n_trials()} trials in all, under the same MLflow parent run")
+    if add_seeds:
+        msgs.append(_not_rewritten(spec, axis, file_seeds, exp_dir).lstrip("; "))
+    elif [s for s in in_effect if s not in file_seeds]:
+        earlier = [s for s in in_effect if s not in file_seeds]
+        msgs.append(f"seeds in effect: {_fmt(full.grid[axis])} ({_fmt(earlier)} added earlier and not in the file; "
+                    f"{exp_dir / STATE_FILE} remembers them)")
+    return Plan(full, state, parts, added, "; ".join(msgs) or None, record)
+
+
+def _after(seeds: list, n: int) -> list[int]:
+    """``n`` seeds after the largest of ``seeds``."""
+    top = max(seeds) if seeds else -1
+    return list(range(top + 1, top + 1 + n)) if n else []
+
+
+def _not_rewritten(spec: SweepSpec, axis: str, file_seeds: list, exp_dir: Path) -> str:
+    return (f"; --add-seeds does not rewrite {spec.path or 'the file'} (its grid.{axis} stays {_fmt(file_seeds)}): "
+            f"{exp_dir / STATE_FILE} remembers the seeds in effect")
+
+
+def _history(state: dict, spec: SweepSpec, axis: str, exp_dir: Path) -> tuple[list, list[dict], str]:
+    """(the first launch's seeds, the extensions so far, the first launch's fingerprint)."""
+    if "base_seeds" in state and "base_fingerprint" in state:
+        exts = [e for e in state.get("extensions") or [] if isinstance(e, dict) and "name" in e and "seeds" in e]
+        fp = state["base_fingerprint"]
+        if spec.with_seeds(state["base_seeds"]).fingerprint() != fp:
+            raise _changed(spec, exp_dir)
+        return list(state["base_seeds"]), exts, fp
+    # a state written before seed growth existed holds the fingerprint of the first launch, whose
+    # seeds are the first of the file's (seeds appended at the end), or those its Ray trials ran
+    fp, seeds = state.get("fingerprint"), list(spec.grid[axis])
+    ran = {name.split(f"{axis}=", 1)[1].split(",", 1)[0] for name in ray_trials(exp_dir, extensions=False)
+           if f"{axis}=" in name}
+    candidates = [seeds[:k] for k in range(len(seeds), 0, -1)] + [[s for s in seeds if str(s) in ran]]
+    for cand in candidates:
+        if cand and spec.with_seeds(cand).fingerprint() == fp:
+            return cand, [], fp
+    raise _changed(spec, exp_dir)
+
+
+def _changed(spec: SweepSpec, exp_dir: Path) -> ConfigError:
+    return ConfigError(f"{_where(spec)}: the sweep's trials changed since {exp_dir} was started (only seeds can be "
+                       f"added: grid.seed, or --add-seeds N); restore the file, or delete {exp_dir} to start the "
+                       "sweep over")
+
+
+def prepare(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0) -> tuple[SweepSpec, dict, str | None]:
+    """``plan`` for a real launch: records the seeds in effect in the state (before anything
+    runs: a growth that has not started simply starts on the next launch). Returns the sweep in
+    effect, the saved state as it was, and the line to print."""
+    p = plan(spec, exp_dir, uri, add_seeds)
+    if p.record is not None and any(p.state.get(k) != v for k, v in p.record.items()):
+        write_state(exp_dir, p.record)
+    return p.spec, p.state, p.message
+
+
+# -- running the experiments ------------------------------------------------------------------------------
+class Sequence:
+    """The sweep's Ray experiments, fitted in turn; quacks like a ``Tuner`` (``fit`` returns the
+    results of every experiment it ran). An experiment whose trials all finished is not restored."""
+
+    def __init__(self, parts: list[Part], view, ctx: dict, make: Callable[..., Any]):
+        self.parts, self.view, self.ctx, self.make = parts, view, ctx, make
+
+    def fit(self) -> list:
+        results: list = []
+        final: dict[str, str] = {}
+        for part in self.parts:
+            if finished(part):
+                continue
+            self.view.total = part.spec.n_trials()
+            tuner = self.make(part.spec, part.dir, self.view, {**self.ctx, "exp_dir": str(part.dir)})
+            results.extend(tuner.fit())
+            final.update(getattr(self.view, "final_status", {}) or {})
+        self.view.final_status = final
+        return results
+
+
+def finished(part: Part) -> bool:
+    """Every trial of the experiment finished (by Ray's saved state)."""
+    saved = ray_trials(part.dir, extensions=False)
+    return len(saved) >= part.spec.n_trials() and all(s == RAY_DONE for s in saved.values())
+
+
+def tuners(spec: SweepSpec, exp_dir: Path, view, ctx: dict, make: Callable[..., Any]):
+    """The Tuner of a sweep (``make(spec, exp_dir, view, ctx)``), or a ``Sequence`` of them
+    when its seeds grew; logs the growth on the parent run."""
+    parts = plan(spec, exp_dir, ctx["uri"]).parts
+    if len(parts) == 1:
+        return make(spec, exp_dir, view, ctx)
+    _log_growth(spec, parts, ctx)
+    return Sequence(parts, view, ctx, make)
+
+
+def _log_growth(spec: SweepSpec, parts: list[Part], ctx: dict) -> None:
+    """The parent run: a param per extension (``sweep.seeds.extend-1``: its seeds), the seeds and
+    trial count in effect as tags, and the resolved sweep with every seed (what ran)."""
+    from mlflow.entities import Param
+
+    cl = client(ctx["uri"])
+    parent = ctx["parent_run_id"]
+    have = cl.get_run(parent).data.params
+    new = [Param(f"sweep.seeds.{p.name}", _fmt(p.seeds)) for p in parts[1:] if f"sweep.seeds.{p.name}" not in have]
+    if new:
+        cl.log_batch(parent, params=new)
+    axis = spec.seed_axis()
+    cl.set_tag(parent, "sweep.seeds", _fmt(spec.grid[axis]))
+    cl.set_tag(parent, "sweep.n_trials", str(spec.n_trials()))
+    if new and spec.resolved:
+        resolved = dict(spec.resolved)
+        resolved["grid"] = {**(resolved.get("grid") or {}), axis: list(spec.grid[axis])}
+        with tempfile.TemporaryDirectory() as d:
+            p = Path(d) / f"{spec.name}.resolved.yaml"
+            p.write_text(f"# {spec.name}: the sweep file with its extends chain applied and the seeds in effect "
+                         "(what ran)\n" + resolved_yaml(resolved))
+            cl.log_artifact(parent, str(p), "sweep")
