@@ -44,6 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("file")
     sr.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")
     sr.add_argument("--dry-run", action="store_true", help="print the trials and compute; start nothing")
+    sr.add_argument("--connect-timeout", type=float, metavar="SECONDS",
+                    help="give up connecting to --address after this long (default: $LIME_CONNECT_TIMEOUT, else 30)")
     sr.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_run"))
     ss = ssub.add_parser("status", help="trials of a sweep by state, with their MLflow run ids")
     ss.add_argument("name")

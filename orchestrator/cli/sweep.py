@@ -14,7 +14,7 @@ def cmd_run(args) -> int:
         print(dry_run_text(spec))
         return 0
     address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None
-    summary = run_sweep(spec, address=address)
+    summary = run_sweep(spec, address=address, connect_timeout=getattr(args, "connect_timeout", None))
     return 0 if summary["ok"] else 1
 
 

@@ -84,11 +84,21 @@ def _newest_checkpoint(ray_ck, trial_dir: Path, work: Path) -> tuple[Path | None
     return None, None
 
 
+def objective_key(metric: str) -> str:
+    """The metric a trial reports to the scheduler before its end: a ``final/...`` metric exists
+    only when the trial ends, so until then its validation counterpart stands in for it
+    (``final/val_loss`` -> ``val/loss``, ``final/val_ppl`` -> ``val/ppl``, ``final/accuracy`` ->
+    ``val/accuracy``)."""
+    if not metric.startswith("final/"):
+        return metric
+    name = metric.split("/", 1)[1]
+    return "val/" + (name[len("val_"):] if name.startswith("val_") else name)
+
+
 def _objective(latest: dict, metric: str) -> float:
-    if metric in latest:
-        return float(latest[metric])
-    if metric.startswith("final/") and "val/" + metric.split("/", 1)[1] in latest:
-        return float(latest["val/" + metric.split("/", 1)[1]])
+    for key in (metric, objective_key(metric)):
+        if key in latest:
+            return float(latest[key])
     return float("nan")
 
 
