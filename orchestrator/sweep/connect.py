@@ -36,6 +36,7 @@ TIMEOUT_ENV = "LIME_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT = 30.0
 DRIVER_LOG = "driver.log"  # Ray's own output of the driver process, in results/ray/<sweep>/
 AUTH_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
+PRINT_PATCH = "RAY_TRAIN_ENABLE_PRINT_PATCH"
 
 
 class ConnectError(ConfigError):
@@ -132,6 +133,8 @@ def start_ray(address: str | None, *, uri: str, num_cpus: int | None, timeout: f
         return False
     common = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
                   configure_logging=True)
+    os.environ.setdefault(PRINT_PATCH, "0")  # Ray Train would print a worker's lines twice (print and log)
+    _messages_to_log()
     if not address:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)  # never a stray `ray start`
         return True
@@ -139,12 +142,31 @@ def start_ray(address: str | None, *, uri: str, num_cpus: int | None, timeout: f
     token = use_token_if_available()
     if hostport:
         probe(*hostport, timeout)
-    env = {"MLFLOW_TRACKING_URI": uri, "RAY_AIR_NEW_OUTPUT": "0"}
+    env = {"MLFLOW_TRACKING_URI": uri, "RAY_AIR_NEW_OUTPUT": "0", PRINT_PATCH: os.environ[PRINT_PATCH]}
     env.update({k: os.environ[k] for k in WORKER_ENV if os.environ.get(k)})
     # Ray retries a refused connection once a second; the timeout below bounds the whole attempt
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(max(1, int(timeout))))
     _init_within(address, timeout, log, token, dict(runtime_env={"env_vars": env}, **common))
     return True
+
+
+def _messages_to_log() -> None:
+    """Ray prints the cluster's warnings (``(raylet) WARNING: ...``) to the driver's stdout, the
+    console's live view; send them to stderr, which ``output_to`` puts in the driver log."""
+    try:
+        import ray._private.worker as ray_worker
+
+        show = ray_worker.print_to_stdstream
+    except (ImportError, AttributeError):  # another Ray version: its messages stay on the console
+        return
+    if getattr(show, "lime_to_log", False):
+        return
+
+    def to_stderr(data, ignore_prefix):
+        show({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.lime_to_log = True
+    ray_worker.print_to_stdstream = to_stderr
 
 
 def _init_within(address: str, timeout: float, log: Path, token: str | None, kwargs: dict) -> None:

@@ -35,6 +35,7 @@ from orchestrator.sweep.runs import close_stale_runs, end_run, parent_run
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.trial import make_trainable
 from orchestrator.sweep.view import experiment_dir, upper_corner
+from orchestrator.sweep.workers import trials_that_fit, tune_resources
 
 STATE_FILE = "lime_sweep.json"
 log = logging.getLogger(__name__)
@@ -78,17 +79,19 @@ def check_resumable(spec: SweepSpec, exp_dir: Path, uri: str) -> dict:
 
 def _check_local_resources(spec: SweepSpec) -> None:
     """A local Ray cannot give a trial more than this machine has: say so instead of waiting forever."""
-    if spec.resources.gpu > 0:
+    r = spec.resources
+    each = f" x {r.workers} workers" if r.workers > 1 else ""
+    if r.gpu > 0:
         import torch
 
         ngpu = torch.cuda.device_count()
-        if spec.resources.gpu > ngpu:
-            raise ConfigError(f"resources.gpu: {spec.resources.gpu:g} per trial, but this machine has {ngpu} GPUs "
+        if r.gpu * r.workers > ngpu:
+            raise ConfigError(f"resources.gpu: {r.gpu:g} per trial{each}, but this machine has {ngpu} GPUs "
                               "(local Ray); use the sweep's -cpu version or connect to a GPU cluster "
                               "(--address or RAY_ADDRESS)")
     ncpu = os.cpu_count() or 1
-    if spec.resources.cpu > ncpu:
-        raise ConfigError(f"resources.cpu: {spec.resources.cpu:g} per trial, but this machine has {ncpu} CPUs "
+    if r.cpu * r.workers > ncpu:
+        raise ConfigError(f"resources.cpu: {r.cpu:g} per trial{each}, but this machine has {ncpu} CPUs "
                           "(local Ray); lower it or connect to a cluster (--address or RAY_ADDRESS)")
 
 
@@ -140,11 +143,12 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
     cl, exp_id, parent, stale, before = _open_tracking(spec, uri, exp_dir, state)
     metric = spec.search.metric if spec.search else spec.report.metric
     mode = spec.search.mode if spec.search else _metric_mode(metric)
-    print(f"sweep {spec.name}: {spec.n_trials()} trials, {spec.resources.cpu:g} CPU / {spec.resources.gpu:g} GPU "
-          f"each, Ray {'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} "
-          f"(experiment {spec.name}, parent run {parent})" + (f"; resuming (closed {stale} stale runs)"
-                                                              if state else "") + f"; Ray's own log {log}",
-          flush=True)
+    r = spec.resources
+    workers = f" x {r.workers} workers ({r.parallel})" if r.workers > 1 else ""
+    resumed = f"; resuming (closed {stale} stale runs)" if state else ""
+    print(f"sweep {spec.name}: {spec.n_trials()} trials, {r.cpu:g} CPU / {r.gpu:g} GPU each{workers}, Ray "
+          f"{'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} (experiment {spec.name}, "
+          f"parent run {parent}){resumed}; Ray's own log {log}", flush=True)
     ctx = {"uri": uri, "parent_run_id": parent, "exp_dir": str(exp_dir), "metric": metric}
     fitting = False
     try:
@@ -211,7 +215,7 @@ def _tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):
     """The sweep's Tuner: restored from an earlier launch's state, else new."""
     from ray import tune
 
-    trainable = tune.with_resources(make_trainable(spec, ctx), {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    trainable = tune.with_resources(make_trainable(spec, ctx), tune_resources(spec))
     if not tune.Tuner.can_restore(str(exp_dir)):
         return _new_tuner(spec, trainable, exp_dir, view)
     try:
@@ -230,6 +234,10 @@ def _new_tuner(spec: SweepSpec, trainable, exp_dir: Path, view):
 
     tc: dict[str, Any] = dict(trial_name_creator=TrialNamer(spec), trial_dirname_creator=TrialNamer(spec, True),
                               max_concurrent_trials=spec.max_concurrent)
+    if spec.resources.workers > 1 and spec.max_concurrent is None:
+        import ray
+
+        tc["max_concurrent_trials"] = trials_that_fit(spec, ray.cluster_resources())
     if spec.search is None:
         space = {a: tune.grid_search(list(v)) for a, v in spec.grid.items()}
         tc["num_samples"] = 1
