@@ -37,6 +37,7 @@ DEFAULT_TIMEOUT = 30.0
 DRIVER_LOG = "driver.log"  # Ray's own output of the driver process, in results/ray/<sweep>/
 AUTH_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
 PRINT_PATCH = "RAY_TRAIN_ENABLE_PRINT_PATCH"
+CONNECT_THREAD = "lime-ray-connect"
 
 
 class ConnectError(ConfigError):
@@ -74,9 +75,14 @@ def output_to(path: Path) -> Iterator[None]:
         yield
     finally:
         sys.stderr.flush()
-        os.dup2(saved, 2)
-        os.close(saved)
-        f.close()
+        if any(t.name == CONNECT_THREAD and t.is_alive() for t in threading.enumerate()):
+            # a connection attempt given up on still retries inside Ray's C++ core and writes to
+            # fd 2 until the process exits: fd 2 stays on the log, Python's stderr is the console
+            sys.stderr = os.fdopen(saved, "w", buffering=1)
+        else:
+            os.dup2(saved, 2)
+            os.close(saved)
+            f.close()
 
 
 def token_source() -> str | None:
@@ -95,6 +101,9 @@ def use_token_if_available() -> str | None:
     src = token_source()
     if src and "RAY_AUTH_MODE" not in os.environ:
         os.environ["RAY_AUTH_MODE"] = "token"
+        if "ray._raylet" in sys.modules:  # Ray read its configuration already: read it again, as Ray does
+            with contextlib.suppress(Exception):
+                sys.modules["ray._raylet"].Config.initialize("")
     return src
 
 
@@ -127,6 +136,8 @@ def probe(host: str, port: int, timeout: float) -> None:
 def start_ray(address: str | None, *, uri: str, num_cpus: int | None, timeout: float, log: Path) -> bool:
     """Connect to ``address`` or start a local Ray; True when this call started or connected it
     (so the caller shuts it down). Call inside ``output_to(log)``."""
+    hostport = split_address(address) if address else None
+    token = use_token_if_available() if address else None  # before Ray reads its configuration
     import ray
 
     if ray.is_initialized():
@@ -138,8 +149,6 @@ def start_ray(address: str | None, *, uri: str, num_cpus: int | None, timeout: f
     if not address:
         ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)  # never a stray `ray start`
         return True
-    hostport = split_address(address)
-    token = use_token_if_available()
     if hostport:
         probe(*hostport, timeout)
     env = {"MLFLOW_TRACKING_URI": uri, "RAY_AIR_NEW_OUTPUT": "0", PRINT_PATCH: os.environ[PRINT_PATCH]}
@@ -185,7 +194,7 @@ def _init_within(address: str, timeout: float, log: Path, token: str | None, kwa
             box["error"] = e
 
     start = log.stat().st_size if log.is_file() else 0
-    th = threading.Thread(target=init, name="lime-ray-connect", daemon=True)
+    th = threading.Thread(target=init, name=CONNECT_THREAD, daemon=True)
     th.start()
     deadline = time.monotonic() + timeout
     while th.is_alive() and time.monotonic() < deadline:
