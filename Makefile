@@ -8,7 +8,7 @@ SWEEP   ?= default
 PYTEST_ARGS ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install lint test test-all sweep report bench mlflow-ui clean
+.PHONY: install lint test test-cluster test-all gpu-check sweep report bench mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -23,7 +23,15 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -m "not slow and not cluster" $(PYTEST_ARGS)
+
+# a two-node Ray cluster and an MLflow server on this machine, Ray sweeps (ASHA, divergence)
+test-cluster: $(STAMP)
+	$(BIN)/python -m pytest -q -m "cluster and not slow" $(PYTEST_ARGS)
+
+# CUDA readiness: bf16, flash-attn, allocator peak memory, every router kind eager and compiled
+gpu-check: $(STAMP)
+	@$(BIN)/python -m orchestrator.engine.gpu_check
 
 test-all: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

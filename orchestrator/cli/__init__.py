@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--dry-run", action="store_true", help="print the trials and compute; start nothing")
     sr.add_argument("--add-seeds", metavar="N", help="grow the sweep by N seeds after its largest one: only the new "
                     "trials run, under the same MLflow parent run (the file is not rewritten)")
+    sr.add_argument("--connect-timeout", type=float, metavar="SECONDS",
+                    help="give up connecting to --address after this long (default: $LIME_CONNECT_TIMEOUT, else 30)")
     sr.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_run"))
     ss = ssub.add_parser("status", help="trials of a sweep by state, with their MLflow run ids")
     ss.add_argument("name")

@@ -18,7 +18,8 @@ def cmd_run(args) -> int:
     if args.dry_run:
         print(_dry_run(spec, address, add))
         return 0
-    summary = run_sweep(spec, address=address, add_seeds=add)
+    summary = run_sweep(spec, address=address, add_seeds=add,
+                        connect_timeout=getattr(args, "connect_timeout", None))
     return 0 if summary["ok"] else 1
 
 

@@ -87,7 +87,10 @@ class MLflowHook(Hook):
         if self.logger is None:
             return
         self.logger.flush()
-        self.logger.end(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt) else TrialStatus.FAILED)
+        # SystemExit: Ray stopped the trial (ASHA, an interrupted sweep); Ray may kill the process
+        # right after, so the first status written must already be the right one
+        self.logger.end(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt)
+                        else TrialStatus.STOPPED if isinstance(exc, SystemExit) else TrialStatus.FAILED)
 
 
 def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:

@@ -58,6 +58,12 @@ class Hook:
         """Built, and restored from a checkpoint if resuming; before the first step. A hook may
         wrap ``t.fwd`` here, or set ``t.run_id`` (stored in every later checkpoint)."""
 
+    def after_backward(self, t: Trainer, loss: float) -> float | None:
+        """After the step's backward passes, before the finite-loss check, clipping and the
+        optimizer step. May return the step's loss to use instead (a multi-worker hook returns
+        the loss of the whole global batch, the same on every worker); None keeps it."""
+        return None
+
     def log_metrics(self, t: Trainer) -> dict[str, float]:
         """Extra metrics at a log point, merged after the train/perf metrics of the window."""
         return {}
@@ -187,6 +193,9 @@ class Trainer:
         while self.step < tr.steps:
             t0 = time.perf_counter()
             loss = self.forward_backward()
+            for h in self.hooks:
+                got = h.after_backward(self, loss)
+                loss = loss if got is None else got
             if not math.isfinite(loss):
                 self.step += 1
                 self.emit({"train/loss": float("nan") if math.isnan(loss) else loss})

@@ -36,7 +36,8 @@ def finite_mean(xs) -> float:
 
 
 def _rows_of(df: pd.DataFrame, axis: str, value: Any) -> pd.DataFrame:
-    return df[df[axis].map(lambda v: same_value(v, value))]
+    # astype(bool): an empty object-dtype mask would select columns (an empty frame without any)
+    return df[df[axis].map(lambda v: same_value(v, value)).astype(bool)]
 
 
 def _totals(part: pd.DataFrame) -> tuple[float, float, float]:

@@ -27,31 +27,34 @@ from typing import Any
 from lime_arch import ConfigError
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
-from orchestrator.sweep import extend
+from orchestrator.sweep import connect, extend
 from orchestrator.sweep.console import TrialNamer, live_view
 from orchestrator.sweep.finish import finish
-from orchestrator.sweep.runs import WORKER_ENV, close_stale_runs, end_run, parent_run
+from orchestrator.sweep.runs import close_stale_runs, end_run, parent_run
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
 from orchestrator.sweep.trial import make_trainable
 from orchestrator.sweep.view import experiment_dir, upper_corner
+from orchestrator.sweep.workers import trials_that_fit, tune_resources
 
 log = logging.getLogger(__name__)
 
 
 def _check_local_resources(spec: SweepSpec) -> None:
     """A local Ray cannot give a trial more than this machine has: say so instead of waiting forever."""
-    if spec.resources.gpu > 0:
+    r = spec.resources
+    each = f" x {r.workers} workers" if r.workers > 1 else ""
+    if r.gpu > 0:
         import torch
 
         ngpu = torch.cuda.device_count()
-        if spec.resources.gpu > ngpu:
-            raise ConfigError(f"resources.gpu: {spec.resources.gpu:g} per trial, but this machine has {ngpu} GPUs "
+        if r.gpu * r.workers > ngpu:
+            raise ConfigError(f"resources.gpu: {r.gpu:g} per trial{each}, but this machine has {ngpu} GPUs "
                               "(local Ray); use the sweep's -cpu version or connect to a GPU cluster "
                               "(--address or RAY_ADDRESS)")
     ncpu = os.cpu_count() or 1
-    if spec.resources.cpu > ncpu:
-        raise ConfigError(f"resources.cpu: {spec.resources.cpu:g} per trial, but this machine has {ncpu} CPUs "
+    if r.cpu * r.workers > ncpu:
+        raise ConfigError(f"resources.cpu: {r.cpu:g} per trial{each}, but this machine has {ncpu} CPUs "
                           "(local Ray); lower it or connect to a cluster (--address or RAY_ADDRESS)")
 
 
@@ -67,28 +70,15 @@ def _quiet_ray() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def _start_ray(address: str | None, uri: str, num_cpus: int | None) -> bool:
-    """Connect to ``address`` or start a local Ray; True when this call started it."""
-    import ray
-
-    if ray.is_initialized():
-        return False
-    env = {"MLFLOW_TRACKING_URI": uri, "RAY_AIR_NEW_OUTPUT": "0"}
-    env.update({k: os.environ[k] for k in WORKER_ENV if os.environ.get(k)})
-    common = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR,
-                  configure_logging=True)
-    if address:
-        ray.init(address=address, runtime_env={"env_vars": env}, **common)
-    else:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)  # never a stray `ray start`
-    return True
-
-
 # -- the driver -----------------------------------------------------------------------------------------
 def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Path | None = None,
-              num_cpus: int | None = None, status_every: float = 15.0, add_seeds: int = 0) -> dict:
+              num_cpus: int | None = None, status_every: float = 15.0, add_seeds: int = 0,
+              connect_timeout: float | None = None) -> dict:
     """Run (or resume, or grow by ``add_seeds`` seeds) a validated sweep; returns a summary dict
-    (``ok``, counts, parent run, best)."""
+    (``ok``, counts, parent run, best).
+
+    Nothing is recorded before Ray is up: a failed connection leaves MLflow and the sweep's state
+    as they were (``orchestrator.sweep.connect``: one line, exit 2)."""
     uri = tracking_uri()
     exp_dir = experiment_dir(spec.name, results)
     if not address:
@@ -96,49 +86,86 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds)  # refuses changed trials
     if grown:
         print(grown, flush=True)
-    cl, exp_id, parent, stale = _open_tracking(spec, uri, exp_dir, state)
+    timeout = connect.connect_timeout(connect_timeout)
     if address and uri.startswith("sqlite:"):
         print(f"note: MLflow store {uri} is a local file; workers on other machines need the same path "
               "(a shared filesystem) or an `mlflow server` (MLFLOW_TRACKING_URI=http://...)")
     _quiet_ray()
-    started = _start_ray(address, uri, num_cpus)
-    metric = spec.search.metric if spec.search else spec.report.metric
-    mode = spec.search.mode if spec.search else spec.report.mode
-    view = _live_view(spec, metric, mode, status_every)
-    print(f"sweep {spec.name}: {spec.n_trials()} trials, {spec.resources.cpu:g} CPU / {spec.resources.gpu:g} GPU "
-          f"each, Ray {'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} "
-          f"(experiment {spec.name}, parent run {parent})" + (f"; resuming (closed {stale} stale runs)"
-                                                              if state else ""), flush=True)
-    ctx = {"uri": uri, "parent_run_id": parent, "exp_dir": str(exp_dir), "metric": metric}
+    log = exp_dir / connect.DRIVER_LOG
+    started = False
     try:
-        t0 = time.monotonic()
-        grid = _tuner(spec, exp_dir, view, ctx).fit()
-        elapsed = time.monotonic() - t0
-    except BaseException as e:  # nothing may stay RUNNING: the parent and any started trial
-        end_run(cl, parent, TrialStatus.KILLED if isinstance(e, KeyboardInterrupt) else TrialStatus.FAILED)
-        close_stale_runs(cl, exp_id, parent)
-        raise
+        with connect.output_to(log):
+            started = connect.start_ray(address, uri=uri, num_cpus=num_cpus, timeout=timeout, log=log)
+        return _run(spec, uri, exp_dir, state, address, log, status_every)
     finally:
         if started:
             import ray
 
-            ray.shutdown()
+            with connect.output_to(log):
+                ray.shutdown()
+
+
+def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | None, log: Path,
+         status_every: float) -> dict:
+    cl, exp_id, parent, stale, before = _open_tracking(spec, uri, exp_dir, state)
+    metric = spec.search.metric if spec.search else spec.report.metric
+    mode = spec.search.mode if spec.search else spec.report.mode
+    r = spec.resources
+    workers = f" x {r.workers} workers ({r.parallel})" if r.workers > 1 else ""
+    resumed = f"; resuming (closed {stale} stale runs)" if state else ""
+    print(f"sweep {spec.name}: {spec.n_trials()} trials, {r.cpu:g} CPU / {r.gpu:g} GPU each{workers}, Ray "
+          f"{'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} (experiment {spec.name}, "
+          f"parent run {parent}){resumed}; Ray's own log {log}", flush=True)
+    ctx = {"uri": uri, "parent_run_id": parent, "exp_dir": str(exp_dir), "metric": metric}
+    fitting = False
+    try:
+        view = _live_view(spec, metric, mode, status_every)
+        tuner = _tuner(spec, exp_dir, view, ctx)
+        t0 = time.monotonic()
+        fitting = True
+        with connect.output_to(log):
+            grid = tuner.fit()
+        elapsed = time.monotonic() - t0
+    except BaseException as e:  # nothing may stay RUNNING: the parent and any started trial
+        if fitting or before is None:
+            end_run(cl, parent, TrialStatus.KILLED if isinstance(e, KeyboardInterrupt) else TrialStatus.FAILED)
+        else:  # nothing ran: the parent goes back to what it was (a finished sweep stays finished)
+            end_run(cl, parent, before)
+        close_stale_runs(cl, exp_id, parent)
+        raise
     return finish(spec, cl, exp_id, parent, grid, elapsed=elapsed, metric=metric, mode=mode, exp_dir=exp_dir,
                   final_status=dict(view.final_status))
 
 
-def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict) -> tuple[Any, str, str, int]:
-    """The MLflow client, experiment, parent run and the number of stale runs closed; saves the state."""
+def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
+                   ) -> tuple[Any, str, str, int, TrialStatus | None]:
+    """The MLflow client, experiment, parent run, the number of stale runs closed and the parent's
+    state before this launch reopened it (None: a new parent); saves the sweep's state."""
     init_store(uri)
     cl = client(uri)
     exp_id = experiment_id(spec.name, cl)
+    before = _status_of(cl, state.get("parent_run_id"))
     parent = parent_run(spec, cl, exp_id, state)
+    if parent != state.get("parent_run_id"):
+        before = None
     write_state(exp_dir, {"name": spec.name, "fingerprint": spec.fingerprint(), "parent_run_id": parent,
                           "tracking_uri": uri, "experiment_id": exp_id, "file": spec.path,
                           "launches": int(state.get("launches", 0)) + 1})
     stale = close_stale_runs(cl, exp_id, parent)
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    return cl, exp_id, parent, stale
+    return cl, exp_id, parent, stale, before
+
+
+def _status_of(cl, run_id: str | None) -> TrialStatus | None:
+    """A run's state (its status tag, else MLflow's status), None if there is no such run."""
+    if not run_id:
+        return None
+    try:
+        run = cl.get_run(run_id)
+    except Exception:  # noqa: BLE001 - deleted, or another store
+        return None
+    st = TrialStatus.of_run(run.data.tags, run.info.status)
+    return st if isinstance(st, TrialStatus) and st is not TrialStatus.RUNNING else TrialStatus.KILLED
 
 
 def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
@@ -161,7 +188,7 @@ def _one_tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):
     """One Ray experiment's Tuner: restored from an earlier launch's state, else new."""
     from ray import tune
 
-    trainable = tune.with_resources(make_trainable(spec, ctx), {"cpu": spec.resources.cpu, "gpu": spec.resources.gpu})
+    trainable = tune.with_resources(make_trainable(spec, ctx), tune_resources(spec))
     if not tune.Tuner.can_restore(str(exp_dir)):
         return _new_tuner(spec, trainable, exp_dir, view)
     try:
@@ -180,6 +207,10 @@ def _new_tuner(spec: SweepSpec, trainable, exp_dir: Path, view):
 
     tc: dict[str, Any] = dict(trial_name_creator=TrialNamer(spec), trial_dirname_creator=TrialNamer(spec, True),
                               max_concurrent_trials=spec.max_concurrent)
+    if spec.resources.workers > 1 and spec.max_concurrent is None:
+        import ray
+
+        tc["max_concurrent_trials"] = trials_that_fit(spec, ray.cluster_resources())
     if spec.search is None:
         space = {a: tune.grid_search(list(v)) for a, v in spec.grid.items()}
         tc["num_samples"] = 1

@@ -102,6 +102,9 @@ class SearchSpec:
 class Resources:
     cpu: Annotated[Float, Field(gt=0, description="a number > 0 (fractions allowed)")] = 1.0
     gpu: Annotated[Float, Field(ge=0, description="a number >= 0 (fractions allowed)")] = 0.0
+    # workers > 1: one trial = that many data-parallel workers (Ray Train), cpu and gpu per worker
+    workers: Annotated[Int, Field(ge=1, description="an integer >= 1 (data-parallel workers per trial)")] = 1
+    parallel: Literal["ddp", "fsdp"] = "ddp"  # how the workers share the model (orchestrator.engine.distributed)
 
     @field_validator("gpu")
     @classmethod
@@ -234,6 +237,10 @@ class SweepSpec:
             train.setdefault("analyze", True)  # end-of-trial representation analysis
         _absolute_paths(d)
         cfg = TrialConfig.from_dict(d)
+        w = self.resources.workers
+        if cfg.train.batch_size % w:
+            raise ConfigError(f"resources.workers: {w} workers split each global batch by rows, but "
+                              f"train.batch_size is {cfg.train.batch_size}; use a multiple of {w}")
         check_source(cfg.data)  # files exist, task parameters fit: before Ray starts
         return cfg
 
@@ -295,7 +302,11 @@ class SweepSpec:
         """A hash of everything that defines the trials (not the description or the report).
 
         Unchanged since the first launches: it decides whether a launch may resume a sweep."""
-        d = {"base": self.base, "grid": self.grid, "resources": dataclasses.asdict(self.resources),
+        res = dataclasses.asdict(self.resources)
+        for k, default in (("workers", 1), ("parallel", "ddp")):  # added later: absent unless set
+            if res.get(k) == default:
+                res.pop(k)
+        d = {"base": self.base, "grid": self.grid, "resources": res,
              "checkpoint_interval": self.checkpoint_interval,
              "search": dataclasses.asdict(self.search) if self.search else None}
         return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -2,17 +2,22 @@
 
 It rebuilds the trial's ``TrialConfig`` from the sweep and the trial's axis values, sends the
 process's output to ``<trial folder>/trial.log``, continues from the newest checkpoint (which
-carries the MLflow run id, so a retried or resumed trial keeps its run), and calls
-``orchestrator.engine.train.run_trial`` with an ``on_log`` that reports every log point to Ray
-(``tune.report``, with a ``tune.Checkpoint`` whenever the engine wrote one).
+carries the MLflow run id, so a retried or resumed trial keeps its run), and trains:
+
+- one worker (``resources.workers: 1``): ``orchestrator.engine.train.run_trial`` in this
+  process, with an ``on_log`` that reports every log point to Ray Tune (``tune.report``, with a
+  ``tune.Checkpoint`` whenever the engine wrote one);
+- several workers: a Ray Train ``TorchTrainer`` started from here (``orchestrator.sweep.workers``),
+  whose rank 0 logs to MLflow and whose reports reach Tune the same way.
+
+The trial's MLflow run is tagged with the Ray node that ran it (``ray_node_id``, ``host``).
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import sys
+import socket
 import tempfile
 import time
 import traceback
@@ -20,9 +25,11 @@ from pathlib import Path
 
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
-from orchestrator.engine.train import CKPT_NAME, Tracking, load_checkpoint, run_trial
-from orchestrator.sweep.runs import FAULT_ENV, child_runs, end_run
+from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.sweep.reporting import newest_checkpoint, objective, output_to, reporter
+from orchestrator.sweep.runs import child_runs, end_run
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
+from orchestrator.sweep.workers import fit_workers
 
 
 # -- the trial (runs in a Ray worker) -------------------------------------------------------------------
@@ -35,86 +42,15 @@ def make_trainable(spec: SweepSpec, ctx: dict):
     return lime_trial
 
 
-@contextlib.contextmanager
-def _output_to(path: Path):
-    """Send this process's stdout and stderr (fd level: Python, C, warnings) to the trial's log."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a", buffering=1)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    os.dup2(f.fileno(), 1)
-    os.dup2(f.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-        f.close()
-
-
-def _newest_checkpoint(ray_ck, trial_dir: Path, work: Path) -> tuple[Path | None, dict | None]:
-    """The newest loadable checkpoint, copied into ``work``: the newest one in the trial folder
-    (Ray saves its experiment state only every few seconds, so after a killed driver Ray's own
-    ``tune.get_checkpoint()`` can be older), else Ray's (remote storage)."""
-    def take(src: Path) -> tuple[Path, dict] | None:
-        try:
-            state = load_checkpoint(src)
-        except Exception:  # noqa: BLE001 - a checkpoint cut short by a kill: try an older one
-            return None
-        dst = work / "resume"
-        dst.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src / CKPT_NAME, dst / CKPT_NAME)
-        return dst, state
-
-    for f in sorted(trial_dir.glob(f"checkpoint_*/{CKPT_NAME}"), reverse=True):
-        got = take(f.parent)
-        if got:
-            return got
-    if ray_ck is not None:
-        with ray_ck.as_directory() as d:
-            if (Path(d) / CKPT_NAME).is_file():
-                got = take(Path(d))
-                if got:
-                    return got
-    return None, None
-
-
-def _objective(latest: dict, metric: str) -> float:
-    if metric in latest:
-        return float(latest[metric])
-    if metric.startswith("final/") and "val/" + metric.split("/", 1)[1] in latest:
-        return float(latest["val/" + metric.split("/", 1)[1]])
-    return float("nan")
-
-
-def _fault(step: int, trial_id: str) -> None:
-    """Test hook: ``LIME_FAULT_ONCE=<marker>:<step>[:<trial substring>]`` crashes one trial once,
-    right after a checkpoint at or past ``step`` was reported."""
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return
-    parts = spec.split(":")
-    marker, at = Path(parts[0]), int(parts[1])
-    if len(parts) > 2 and parts[2] not in trial_id:
-        return
-    if step >= at and not marker.exists():
-        marker.write_text(f"{trial_id} {step}\n")
-        raise RuntimeError(f"injected fault at step {step} ({FAULT_ENV})")
-
-
 def _trial_main(spec: SweepSpec, ctx: dict, config: dict) -> None:
     from ray import tune
 
     os.environ["MLFLOW_TRACKING_URI"] = ctx["uri"]
     trial_id = tune.get_context().get_trial_name()
     trial_dir = Path(ctx["exp_dir"]) / trial_dirname(trial_id)
-    with _output_to(trial_dir / "trial.log"):
-        print(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} trial {trial_id} (pid {os.getpid()})", flush=True)
+    with output_to(trial_dir / "trial.log"):
+        print(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} trial {trial_id} (pid {os.getpid()}, Ray node "
+              f"{_node_id()} on {socket.gethostname()})", flush=True)
         try:
             _train(spec, ctx, config, trial_id, trial_dir, tune)
         except BaseException:
@@ -127,7 +63,7 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
     work = Path(tempfile.mkdtemp(prefix="lime-trial-"))
     cfg.train.checkpoint_dir = str(work / "ckpt")
     try:
-        resume, ck_state = _newest_checkpoint(tune.get_checkpoint(), trial_dir, work)
+        resume, ck_state, ck_src = newest_checkpoint(tune.get_checkpoint(), trial_dir, work)
         cl = client(ctx["uri"])
         exp_id = experiment_id(spec.name, cl)
         run_id = ck_state.get("run_id") if ck_state else None
@@ -141,14 +77,21 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
                 cl.delete_run(old.info.run_id)
         print(f"{'resuming from step ' + str(start) if resume else 'starting'}; config: "
               f"{json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
-        tags = {"sweep": spec.name, "trial_id": trial_id, "sweep_role": "trial",
-                **{k: v for k, v in config.items() if not k.startswith("__")}}
+        tags = {"sweep": spec.name, "trial_id": trial_id, "sweep_role": "trial", "ray_node_id": _node_id(),
+                "host": socket.gethostname(), **{k: v for k, v in config.items() if not k.startswith("__")}}
+        if spec.resources.workers > 1:
+            tags.update(workers=spec.resources.workers, parallel=spec.resources.parallel)
         tracking = Tracking(experiment=spec.name, run_id=run_id, parent_run_id=ctx["parent_run_id"],
                             run_name=trial_id, tags=tags)
         latest: dict[str, float] = {}
+        if spec.resources.workers > 1:  # Ray Train's workers report to Tune themselves, the last time too
+            res = fit_workers(spec, ctx, cfg, tracking, base, trial_dir, (ck_src or resume) if resume else None)
+            print(f"{res['status']} at step {res['step']}: final/val_loss={res.get('final/val_loss')} "
+                  f"MLflow run {res['run_id']}", flush=True)
+            return
         try:
             res = run_trial(cfg, tracking=tracking, resume=resume,
-                            on_log=_reporter(base, latest, ctx["metric"], work, tune))
+                            on_log=reporter(base, latest, ctx["metric"], work, tune))
         except SystemExit:  # Ray stopped the trial (scheduler, or the sweep was interrupted)
             print("stopped by Ray", flush=True)
             for run in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
@@ -157,7 +100,7 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
         print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run {res.run_id}",
               flush=True)
         tune.report({**base, "step": res.step, "status": str(res.status), "run_id": res.run_id or "", **latest,
-                     "objective": _objective(latest, ctx["metric"])})
+                     "objective": objective(latest, ctx["metric"])})
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -174,25 +117,14 @@ def _report_finished(cl, run_id: str, base: dict, metric: str, tune) -> bool:
     m = dict(run.data.metrics)
     print(f"already finished in MLflow run {run_id}; reporting its result", flush=True)
     tune.report({**m, **{k: v for k, v in base.items() if k != "steps_total"}, "status": status.value,
-                 "run_id": run_id, "objective": _objective(m, metric)})
+                 "run_id": run_id, "objective": objective(m, metric)})
     return True
 
 
-def _reporter(base: dict, latest: dict, metric: str, work: Path, tune):
-    """The engine's ``on_log``: every log point to Ray, with a checkpoint when the engine wrote one."""
-    def on_log(step: int, metrics: dict, ck_dir: str | None) -> None:
-        latest.update(metrics)
-        rep = {**base, "step": step, "status": TrialStatus.RUNNING.value, **latest,
-               "objective": _objective(latest, metric)}
-        print(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()
-                                          if isinstance(v, (int, float))), flush=True)
-        if ck_dir is None:
-            tune.report(rep)
-            return
-        fresh = Path(tempfile.mkdtemp(prefix="ck-", dir=work))  # a new folder for every report
-        shutil.copy2(Path(ck_dir) / CKPT_NAME, fresh / CKPT_NAME)
-        tune.report(rep, checkpoint=tune.Checkpoint.from_directory(str(fresh)))
-        shutil.rmtree(fresh, ignore_errors=True)
-        _fault(step, base["trial"])
+def _node_id() -> str:
+    import ray
 
-    return on_log
+    try:
+        return ray.get_runtime_context().get_node_id()
+    except Exception:  # noqa: BLE001 - outside Ray (tests call the trial function directly)
+        return "-"

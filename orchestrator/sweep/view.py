@@ -40,7 +40,8 @@ def dry_run_text(spec: SweepSpec, address: str | None = None) -> str:
     r = spec.resources
     lines = [f"sweep {spec.name}: {spec.description}",
              f"file: {spec.path or '-'}   results: {experiment_dir(spec.name)}",
-             f"resources per trial: cpu {r.cpu:g}, gpu {r.gpu:g}   max concurrent: "
+             f"resources per trial: cpu {r.cpu:g}, gpu {r.gpu:g}"
+             + (f" per worker x {r.workers} workers ({r.parallel})" if r.workers > 1 else "") + "   max concurrent: "
              f"{spec.max_concurrent or 'as resources allow'}   max failures: {spec.max_failures}"]
     if spec.search is None:
         trials = spec.trials()
