@@ -383,7 +383,7 @@ def test_settings_come_from_the_parent_run(store, tmp_path):
                       start=start)
             start += 1000
     md = build_report(name, out=tmp_path / "a", log_to_mlflow=False).read_text()
-    assert "- Metric `final/val_loss` compared across `n_layers`, baseline `4`" in md
+    assert "- Metric `final/val_loss` (lower is better) compared across `n_layers`, baseline `4`" in md
     s = summary(tmp_path / "a" / name)
     assert list(s.index) == [2, 4] and bool(s.loc[4, "baseline"]) and s.loc[4, "n"] == 4
     assert s.loc[2, "change_pct"] == pytest.approx(100 * (3.05 - 2.8) / 2.8)
@@ -421,7 +421,7 @@ def test_report_of_a_file_that_no_longer_validates(router_sweep, store, tmp_path
     md = (tmp_path / "o" / SWEEP / "report.md").read_text()
     assert f"Sweep file ({SWEEP}.yaml):" in md and "retired_key: 1" in md
     assert f"the sweep file does not validate with this code ({SWEEP}.yaml: retired_key: unknown key" in md
-    assert "- Metric `final/val_loss` compared across `router`, baseline `none`" in md  # the parent's
+    assert "- Metric `final/val_loss` (lower is better) compared across `router`, baseline `none`" in md  # the parent's
     assert cli_main(["report", str(tmp_path / "gone.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: report: sweep file") and err.endswith("gone.yaml does not exist")
