@@ -216,5 +216,5 @@ def _tuned(df: pd.DataFrame, choice: Choice, mode: str) -> tuple[pd.DataFrame, t
         return df, None, []
     if choice.tune == choice.axis:
         return df, None, [f"report.tune is the compared axis ({choice.tune}); no tuning applied"]
-    sdf, tuned = tuning.select(df, choice.metric, choice.axis, choice.tune, mode)
+    sdf, tuned = tuning.select(df, choice.metric, choice.axis, choice.tune, mode, choice.baseline)
     return sdf, tuned, []

@@ -163,7 +163,7 @@ def _depth(by_depth: dict[Any, tuple[Comparison, PairedAnalysis | None]], mode: 
         wins += win
         body.append([cell_text(d), num(llama.mean, 4), num(lime.mean, 4), pct(lime.change_pct), v,
                      "yes" if win else "no"])
-    gains = [-run_sign * got[d][1].change_pct for d in depths]
+    gains = [run_sign * got[d][1].change_pct for d in depths]  # improvement in %
     grows = all(b > a for a, b in zip(gains, gains[1:])) if len(gains) > 1 else None
     lines = ["", *table(["n_layers", "none (mean)", "full (mean)", "full vs none", "verdict", "LIMe ahead"], body),
              "", f"- LIMe ahead at every depth: {'yes' if wins == len(depths) else 'no'} ({wins} of {len(depths)}).",

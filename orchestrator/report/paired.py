@@ -20,6 +20,8 @@ Mann-Whitney tests (still in the report) cannot.
   test over the comparisons with the baseline; the verdict uses the permutation test of the mean
   difference (``orchestrator.report.verdicts``), its minimal detectable effect comes from
   ``orchestrator.report.power``.
+- Per-seed differences are rounded to 12 significant digits of the metric's scale (``snap``),
+  so the float noise of a subtraction cannot create or break ties between differences.
 - Bootstrap CIs of the mean difference are seeded (the comparison's seed + 1000 + the variant's
   index) on sorted differences, so row order cannot change a digit.
 """
@@ -146,13 +148,22 @@ def _friedman(values: dict, tested: list, comp: Comparison, notes: list[str]) ->
                           res["perm_method"], res["perm_count"], res["kendall_w"], min_p)
 
 
+def snap(d: np.ndarray, scale: float) -> np.ndarray:
+    """Differences rounded to 12 significant digits of the values' scale: 2.7 - 2.9 and 2.8 - 3.0
+    are the same difference, so float noise cannot create or break a tie (or a zero spread)."""
+    if scale <= 0 or not math.isfinite(scale):
+        return d
+    return np.round(d, 11 - math.floor(math.log10(scale)))
+
+
 def _pairs(values: dict, tested: list, comp: Comparison, mode: str) -> list[PairedRow]:
     base = comp.baseline
     variants = [g for g in tested if g != base]
     pairs = []
     for g in variants:
         common = sorted(set(values[g]) & set(values[base]), key=order_key)
-        d = np.array([values[g][b] - values[base][b] for b in common])
+        d = snap(np.array([values[g][b] - values[base][b] for b in common]),
+                 max((abs(values[x][b]) for x in (g, base) for b in common), default=0.0))
         pairs.append((g, common, d, float(np.mean([values[base][b] for b in common])) if common else math.nan))
     testable = [i for i, (_, common, _, _) in enumerate(pairs) if len(common) >= 2]
     perm = {i: sign_flip_test(pairs[i][2], comp.n_resamples, comp.seed) for i in testable}

@@ -35,13 +35,15 @@ class Tuning:
     notes: list[str] = field(default_factory=list)
 
 
-def select(df: pd.DataFrame, metric: str, axis: str, tune: str, mode: str) -> tuple[pd.DataFrame, Tuning]:
-    """The trials at each variant's best value of ``tune``, and what was chosen."""
+def select(df: pd.DataFrame, metric: str, axis: str, tune: str, mode: str,
+           baseline: Any = None) -> tuple[pd.DataFrame, Tuning]:
+    """The trials at each variant's best value of ``tune``, and what was chosen (variants in
+    report order: the baseline first)."""
     if tune not in df.columns or df[tune].map(lambda v: norm_value(v) is None).all():
         raise ConfigError(f"report.tune: {tune!r} has no value in any run; it must be an axis of the sweep")
     rows = _Rows.of(df, metric, axis)
     tv = [norm_value(v) for v in df[tune]]
-    variants = sorted({v for v in rows.values if v is not None}, key=order_key)
+    variants = sorted({v for v in rows.values if v is not None}, key=lambda v: order_key(v, first=baseline))
     values = sorted({v for v in tv if v is not None}, key=order_key)
     samples: dict[tuple[Any, Any], list[float]] = {}
     for i, v in enumerate(rows.values):

@@ -4,10 +4,10 @@ share, whatever their router. Checked through the engine's own setup (Trainer), 
 registered router (and every registered depth mix, when the model library has that registry)."""
 from __future__ import annotations
 
-import lime_arch
 import pytest
 import torch
 
+import lime_arch
 from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.trainer import Trainer
 
