@@ -109,7 +109,7 @@ def _label(block: Any, blocks: list[str]) -> str:
 
 
 def _why(values: dict, tested: list, blocks: list[str], notes: list[str], axis: str) -> str:
-    unit = "seed" if blocks == ["seed"] else " x ".join(blocks)
+    unit = "seed" if blocks == ["seed"] else " x ".join(blocks) + " cell"
     sets = {g: set(values[g]) for g in tested}
     every = sorted(set().union(*sets.values()) if sets else set(), key=order_key)
     shown = ", ".join(_label(b, blocks) for b in every)

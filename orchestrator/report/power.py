@@ -164,11 +164,13 @@ def seeds_needed(m: int, alpha: float, dz: float, target: float = 0.8, test: str
                  sims: int = SIMS, seed: int = 0) -> int | None:
     """The smallest number of seeds per arm whose simulated power reaches target; None when more
     than ``MAX_SEEDS`` would be needed (or d_z is 0)."""
-    if dz <= 0 or not math.isfinite(dz):
-        return None if dz <= 0 else 2
+    if dz <= 0:
+        return None
     n = 2
     while not reachable(n, m, alpha):
         n += 1
+    if not math.isfinite(dz):  # no spread: the first n that can reach significance does
+        return n
     guess = normal_seeds(m, alpha, dz, target)
     if guess > MAX_SEEDS:
         return None

@@ -98,7 +98,7 @@ def test_seeds_needed_and_mde():
     n = power.seeds_needed(1, 0.05, 0.5)
     assert abs(n - power.normal_seeds(1, 0.05, 0.5)) <= 3  # 32 by the normal approximation
     assert power.power(n, 1, 0.05, 0.5) >= 0.8 > power.power(n - 1, 1, 0.05, 0.5)
-    assert power.seeds_needed(2, 0.05, 0.0) is None
+    assert power.seeds_needed(2, 0.05, 0.0) is None and power.seeds_needed(2, 0.05, math.inf) == 7
     assert power.mde_dz(4, 2, 0.05) == math.inf  # 2 * 2/16 >= 0.05: nothing is detectable
     dz = power.mde_dz(8, 2, 0.05)
     assert power.power(8, 2, 0.05, dz) >= 0.8 > power.power(8, 2, 0.05, dz - 0.02)

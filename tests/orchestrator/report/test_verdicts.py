@@ -104,7 +104,7 @@ def test_repeated_seeds_are_not_paired():
     assert pa.verdict_lines()[0].startswith("- No verdicts:")
     # with the depth as part of the block, the same trials pair up (4 blocks)
     pa = analyze(df, comp, blocks=("seed", "n_layers"))
-    assert pa.design == "paired" and pa.row("full").n == 4 and "seed x n_layers" in pa.why
+    assert pa.design == "paired" and pa.row("full").n == 4 and "seed x n_layers cells" in pa.why
 
 
 def test_friedman_in_the_analysis():
