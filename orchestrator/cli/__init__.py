@@ -1,4 +1,4 @@
-"""The ``lime`` command line: train, sweep, report, bench, analyze.
+"""The ``lime`` command line: train, sweep, report, plan, bench, analyze.
 
 Argument definitions live here (cheap to import); each command's work is imported lazily from
 its module, so ``lime --help`` does not load Ray or MLflow. A ``ConfigError`` anywhere becomes
@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from lime_arch import ConfigError
@@ -18,6 +19,24 @@ from orchestrator.cli import bench
 def _lazy(target: str):
     mod, fn = target.rsplit(":", 1)
     return lambda args: getattr(importlib.import_module(mod), fn)(args)
+
+
+def plan_arguments(p: argparse.ArgumentParser) -> None:
+    """``lime plan``'s arguments (here, so that ``lime --help`` loads no sweep code)."""
+    p.add_argument("file", help="sweep file")
+    p.add_argument("--sigma", type=float,
+                   help="the standard deviation of the per-seed paired differences variant - baseline, in the "
+                        "metric's units (e.g. 0.02 nats of loss)")
+    p.add_argument("--pilot", metavar="SWEEP",
+                   help="read that spread (and the metric's level) from the finished MLflow runs of this sweep")
+    p.add_argument("--effect", type=float,
+                   help="the effect to detect, RELATIVE to the metric's level: 0.01 = a 1%% change "
+                        "(default: the paper's change for each variant where the sweep mirrors a paper table, "
+                        "else 0.01)")
+    p.add_argument("--delta", type=float, help="the effect to detect as an ABSOLUTE difference in metric units "
+                                               "(instead of --effect)")
+    p.add_argument("--power", type=float, default=0.8, help="wanted power (default 0.8)")
+    p.add_argument("--alpha", type=float, help="significance level (default: the file's report.alpha, else 0.05)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,11 +74,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("report", help="statistics, tables and plots of a finished sweep")
     r.add_argument("sweep", help="sweep name (or a sweep file path)")
-    r.add_argument("--out", default="results", help="reports go to OUT/<sweep>/")
+    r.add_argument("--out", default=os.environ.get("LIME_RESULTS") or "results",
+                   help="reports go to OUT/<sweep>/ (default: $LIME_RESULTS, else results)")
     r.add_argument("--metric", help="metric to compare (default: the sweep file's, else final/val_loss)")
     r.add_argument("--axis", help="axis to compare (default: the sweep file's, else router)")
     r.add_argument("--baseline", help="baseline value of the axis (default: the sweep file's, else none)")
     r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))
+
+    pl = sub.add_parser("plan", help="what a sweep design can show, and the seeds per arm it needs")
+    plan_arguments(pl)
+    pl.set_defaults(func=_lazy("orchestrator.cli.plan:cmd_plan"))
 
     b = sub.add_parser("bench", help="step time, memory, FLOPs and decode speed of every router")
     bench.add_arguments(b)  # torch-free: the benchmark itself loads when the command runs

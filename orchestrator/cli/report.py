@@ -4,7 +4,9 @@ SWEEP is a sweep name (the report takes what it compares from the sweep's parent
 a sweep file path: then the file, loaded and validated by the sweep layer, says what is compared
 and is shown in the report. A file that no longer validates (a data file moved, a key renamed)
 is still shown, and the report falls back to the parent run's settings, with a note.
-``--metric/--axis/--baseline`` override either.
+``--metric/--axis/--baseline`` override either. The file's optional report keys (``alpha``,
+``mode``, ``paper``, ``tune``) are used when the sweep layer knows them. Reports go to
+``--out``/<sweep>/, by default ``$LIME_RESULTS`` or ``results``.
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 from lime_arch.errors import ConfigError
 from orchestrator.report.build import build_report
-from orchestrator.report.settings import ReportSettings, SweepFile, axis_names
+from orchestrator.report.settings import OPTIONAL, ReportSettings, SweepFile, axis_names
 from orchestrator.sweep.spec import load_spec
 
 REPORT_KEYS = ("metric", "axis", "baseline")
@@ -46,8 +48,9 @@ def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, SweepFil
         return path.stem, None, SweepFile(text=text, source=path.name, notes=[
             f"the sweep file does not validate with this code ({why}); the report settings are the "
             "launched sweep's (MLflow)"])
+    optional = {k: getattr(spec.report, k) for k in OPTIONAL if getattr(spec.report, k, None) is not None}
     settings = ReportSettings(metric=spec.report.metric, axis=spec.report.axis, baseline=spec.report.baseline,
-                              axes=axis_names(spec.axes()), stated=frozenset(spec.report_stated))
+                              axes=axis_names(spec.axes()), stated=frozenset(spec.report_stated), **optional)
     return spec.name, settings, SweepFile(text=text, source=path.name)
 
 

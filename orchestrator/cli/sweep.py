@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from lime_arch import ConfigError
+from orchestrator.cli.plan import dry_run_block
 from orchestrator.core.tracking import tracking_uri
 from orchestrator.sweep import extend
 from orchestrator.sweep.driver import run_sweep
@@ -45,9 +46,11 @@ def _dry_run(spec, address: str | None, add: int) -> str:
     except ConfigError as e:
         if add and "--add-seeds" in str(e):
             raise
-        return _before_last(dry_run_text(spec, address), f"warning: a run would refuse: {e}")
+        text = _before_last(dry_run_text(spec, address), f"warning: a run would refuse: {e}")
+        return _before_last(text, dry_run_block(spec))
     text = dry_run_text(p.spec, address)
-    return _before_last(text, p.message) if p.message else text
+    text = _before_last(text, p.message) if p.message else text
+    return _before_last(text, dry_run_block(p.spec))  # what the design can show (lime plan has the rest)
 
 
 def _before_last(text: str, line: str) -> str:

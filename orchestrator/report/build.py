@@ -3,9 +3,16 @@
 ``build_report(sweep)`` (and ``lime report SWEEP``) reads the sweep's runs from MLflow, one row per
 trial, compares the metric across the values of one axis with ``orchestrator.report.stats`` and writes:
 
+- a header with the design, alpha and the baseline's init and lr;
 - a table like the paper's (variant, n, mean +- std, 95% CI, change vs baseline, step time, peak
-  memory and parameter count with their change vs baseline), the Kruskal-Wallis line, the
-  post-hoc table and the notes of ``stats.compare``;
+  memory and parameter count with their change vs baseline);
+- a verdict per variant (better / worse / no detectable difference / cannot decide,
+  ``orchestrator.report.verdicts``) from the paired analysis (``orchestrator.report.paired``:
+  seeds as blocks, Friedman, paired permutation and Wilcoxon tests, Holm, effect sizes), then
+  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``stats.compare``;
+- with ``report.tune``, each variant at its own best value of the tuning axis
+  (``orchestrator.report.tuning``);
+- for a sweep that mirrors a paper result, "paper vs this run" (``orchestrator.report.fidelity``);
 - every trial that is not a sample (failed, diverged, killed, running, no final metric), and
   every duplicate MLflow run of a trial with the run that was kept;
 - for depth sweeps (``n_layers`` varies) the same tables per depth (``stats.compare_by``) and the
@@ -18,7 +25,7 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
 What is compared (metric, axis, baseline) comes from the sweep's parent run
 (``orchestrator.report.settings``) unless the caller passes ``settings`` (``lime report FILE``);
 ``--metric/--axis/--baseline`` override either. Reading the runs is ``orchestrator.report.runs``,
-the tables are ``orchestrator.report.tables``.
+the tables are ``orchestrator.report.tables``, the markdown ``orchestrator.report.sections``.
 
 Determinism: rows are sorted by trial, statistics are seeded, plots have fixed styles and no PNG
 metadata, and the body has no timestamps, so the same runs give byte-identical files.
@@ -29,7 +36,6 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +46,12 @@ from orchestrator.core import tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import stats, tables
+from orchestrator.report import paired, sections, stats, tables, tuning, verdicts
+from orchestrator.report.paired_types import PairedAnalysis
+from orchestrator.report.paper import reference_for
 from orchestrator.report.plots import make_plots, mean_router_map, router_map_from_npz
 from orchestrator.report.runs import SweepRuns, add_key_columns, cast_param, collect_runs, find_runs, load_runs
+from orchestrator.report.sections import ReportData
 from orchestrator.report.settings import REPORT_DEFAULTS, Choice, ReportSettings, SweepFile, from_parent_run
 
 __all__ = ["build_report", "library_versions", "ReportSettings", "SweepFile", "REPORT_DEFAULTS", "SweepRuns",
@@ -62,23 +71,6 @@ def library_versions() -> dict[str, str]:
     return out
 
 
-@dataclass
-class _Report:
-    """Everything the markdown is written from."""
-
-    data: SweepRuns
-    sweep_file: SweepFile
-    df: pd.DataFrame  # the runs frame with a ``_cell`` label per trial
-    comp: stats.Comparison
-    by_depth: dict[Any, stats.Comparison]
-    rows: list[dict[str, Any]]  # summary.csv
-    labels: list[str]  # the cells in report order
-    metric: str
-    axis: str
-    plots: list[tuple[str, str]]
-    plot_notes: list[str]
-
-
 def build_report(sweep: str, out: str | Path = "results", metric: str | None = None,
                  axis: str | None = None, baseline: str | None = None, seed: int = 0,
                  log_to_mlflow: bool = True, settings: ReportSettings | None = None,
@@ -95,22 +87,28 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         sweep_file = launched if sweep_file is None else SweepFile(
             sweep_file.text, sweep_file.source, sweep_file.notes + launched.notes)
     choice = settings.choose(metric, axis, baseline)
+    ref = reference_for(sweep, choice.paper)
     data = collect_runs(found, choice.metric, cl)
     df = _runs_frame(data, choice)
-    comp, by_depth = _compare(df, choice, seed)
+    mode = verdicts.metric_mode(choice.metric, choice.mode)
+    sdf, tuned, notes = _tuned(df, choice, mode)
+    comp, by_depth = _compare(sdf, choice, seed)
+    blocks = _blocks(sdf, choice)
+    pa = paired.analyze(sdf, comp, blocks, mode)
+    depth_pairs = {d: (c, paired.analyze(_at_depth(sdf, d), c, blocks, mode)) for d, c in by_depth.items()}
     labels = _cells(df, comp, choice)
 
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "summary.csv"]:
         old.unlink(missing_ok=True)
-    rows = _summary_rows(df, comp, by_depth)
+    rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
     plots, plot_notes = make_plots(cl, df, data.histories, labels, choice.metric, choice.axis,
                                    [g.value for g in comp.groups], out_dir, data.name)
-    report = _Report(data, sweep_file or SweepFile(), df, comp, by_depth, rows, labels, choice.metric,
-                     choice.axis, plots, plot_notes)
-    (out_dir / "report.md").write_text(_markdown(report))
+    report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
+                        choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes)
+    (out_dir / "report.md").write_text(sections.markdown(report))
 
     if log_to_mlflow:
         if data.parent_run_id:
@@ -125,7 +123,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
 
 def _runs_frame(data: SweepRuns, choice: Choice) -> pd.DataFrame:
     """The runs frame with the axis and grid columns; ConfigError for a metric or axis no run has."""
-    add_key_columns(data.frame, [choice.axis] + choice.grid_cols)
+    add_key_columns(data.frame, [choice.axis] + choice.grid_cols + ([choice.tune] if choice.tune else []))
     df = data.frame.copy()
     if choice.metric not in df.columns:
         if (df["status"] == TrialStatus.FINISHED).any():
@@ -142,13 +140,13 @@ def _runs_frame(data: SweepRuns, choice: Choice) -> pd.DataFrame:
 def _compare(df: pd.DataFrame, choice: Choice, seed: int) -> tuple[stats.Comparison, dict[Any, stats.Comparison]]:
     """The comparison over all trials and, when depth varies (and is not the axis), per depth."""
     base, base_note = _pick_baseline(df, choice)
-    comp = stats.compare(df, metric=choice.metric, axis=choice.axis, baseline=base, seed=seed)
+    comp = stats.compare(df, metric=choice.metric, axis=choice.axis, baseline=base, seed=seed, alpha=choice.alpha)
     if base_note:
         comp.notes.insert(0, base_note)
     by_depth = {}
     if choice.axis != "n_layers" and _varies(df, "n_layers"):
         by_depth = stats.compare_by(df, metric=choice.metric, axis=choice.axis, by="n_layers", baseline=base,
-                                    seed=seed)
+                                    seed=seed, alpha=choice.alpha)
     return comp, by_depth
 
 
@@ -184,101 +182,39 @@ def _cells(df: pd.DataFrame, comp: stats.Comparison, choice: Choice) -> list[str
     return sorted(dict.fromkeys(df["_cell"]), key=lambda lab: (cell_key[lab], lab))
 
 
-def _summary_rows(df: pd.DataFrame, comp: stats.Comparison,
-                  by_depth: dict[Any, stats.Comparison]) -> list[dict[str, Any]]:
+def _at_depth(df: pd.DataFrame, d: Any) -> pd.DataFrame:
+    return df[df["n_layers"].map(lambda v: same_value(v, d))]
+
+
+def _summary_rows(df: pd.DataFrame, comp: stats.Comparison, pa: PairedAnalysis,
+                  by_depth: dict[Any, tuple[stats.Comparison, PairedAnalysis]],
+                  tuned: tuning.Tuning | None) -> list[dict[str, Any]]:
     rows = tables.group_rows(comp, df, "all")
-    for d, c in by_depth.items():
-        part = df[df["n_layers"].map(lambda v, d=d: same_value(v, d))]
-        rows += tables.group_rows(c, part, f"n_layers={cell_text(d)}")
+    tables.add_paired_columns(rows, pa)
+    for d, (c, p) in by_depth.items():
+        part = tables.group_rows(c, _at_depth(df, d), f"n_layers={cell_text(d)}")
+        tables.add_paired_columns(part, p)
+        rows += part
+    if tuned is not None:
+        for row in rows:
+            hit = [v for k, v in tuned.chosen.items() if same_value(k, row["variant"])]
+            row[f"tuned_{tuned.axis}"] = hit[0] if hit else None
     return rows
 
 
-# ------------------------------------------------------------------------------ the markdown
-
-def _markdown(r: _Report) -> str:
-    sections = (_header, _results, _trials, _results_by_depth, _plots, _analysis, _compute,
-                _reproducibility)
-    return "\n".join(line for section in sections for line in section(r)) + "\n"
-
-
-def _header(r: _Report) -> list[str]:
-    data, df = r.data, r.df
-    fin_n = int((df["status"] == TrialStatus.FINISHED).sum())
-    base = "none" if r.comp.baseline is None else f"`{cell_text(r.comp.baseline)}`"
-    parent = f"`{data.parent_run_id}`" if data.parent_run_id else "(none found)"
-    return [f"# Sweep report: {data.name}", "",
-            f"- MLflow: experiment(s) {', '.join(f'`{e}`' for e in data.experiment_ids)}, parent run {parent}",
-            f"- Trials: {len(df)} ({fin_n} finished), from {len(df) + len(data.duplicates)} MLflow trial runs",
-            f"- Metric `{r.metric}` compared across `{r.axis}`, baseline {base}; samples are seeds"]
+def _blocks(df: pd.DataFrame, choice: Choice) -> list[str]:
+    """Seeds, plus every other factor that varies but is neither compared nor tuned: trials that
+    share all of them share their data order and initial weights."""
+    others = [c for c in dict.fromkeys(list(FACTORS) + choice.grid_cols)
+              if c not in (choice.axis, "seed", choice.tune) and _varies(df, c)]
+    return ["seed"] + others
 
 
-def _results(r: _Report) -> list[str]:
-    lines = ["", "## Results", ""]
-    lines += tables.paper_table([row for row in r.rows if row["scope"] == "all"], r.comp.confidence)
-    pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
-    return lines + ["", "Mean, std and the percentile-bootstrap CI are over finished seeds. Step time is the "
-                    "median `perf/step_time_ms` of a run, peak memory the max `perf/peak_mem_mb`, params "
-                    "`model/params`; each is averaged over the finished seeds of a variant. Changes are "
-                    "relative to the baseline's mean." + pooled,
-                    "", "## Statistics", "", r.comp.to_markdown().rstrip()]
-
-
-def _trials(r: _Report) -> list[str]:
-    lines = ["", "## Failed, diverged and incomplete trials", ""]
-    bad = tables.left_out(r.df, r.metric, r.axis)
-    lines += tables.left_out_table(bad, r.axis) if bad else ["None: every trial finished with a finite metric."]
-    if r.data.duplicates:
-        lines += ["", "Duplicate MLflow runs of one trial (the most complete run is kept: finished, "
-                  "then with the metric, then the latest end/start time):", ""]
-        lines += tables.duplicates_table(r.data.duplicates)
-    notes = r.data.notes + r.sweep_file.notes
-    return lines + ([""] + [f"- {n}" for n in notes] if notes else [])
-
-
-def _results_by_depth(r: _Report) -> list[str]:
-    if not r.by_depth:
-        return []
-    lines = ["", "## Results by depth", ""]
-    for d, c in r.by_depth.items():
-        scope = f"n_layers={cell_text(d)}"
-        lines += [f"### n_layers = {cell_text(d)}", ""]
-        lines += tables.paper_table([row for row in r.rows if row["scope"] == scope], c.confidence)
-        lines += ["", c.to_markdown().rstrip(), ""]
-    return lines
-
-
-def _plots(r: _Report) -> list[str]:
-    lines = ["", "## Plots", ""]
-    for caption, fname in r.plots:
-        lines += [f"{caption}:", "", f"![{caption}]({fname})", ""]
-    return lines + [f"- {n}" for n in r.plot_notes]
-
-
-def _analysis(r: _Report) -> list[str]:
-    ana = tables.analysis_table(r.df, r.labels)
-    if not ana:
-        return []
-    return ["", "## Representation analysis", "",
-            "Mean ± std over finished seeds of the `analysis/...` metrics (the representation "
-            "analysis a trial runs at its end with `train.analyze`).", ""] + ana
-
-
-def _compute(r: _Report) -> list[str]:
-    return (["", "## Compute", ""] + tables.compute_table(r.df, r.labels)
-            + ["", "All trials count, failed and diverged included (steps actually reached). Tokens = "
-               "steps x batch x seq_len x grad_accum; wall time = run end - run start in MLflow."])
-
-
-def _reproducibility(r: _Report) -> list[str]:
-    df, sf = r.df, r.sweep_file
-    shas = sorted({str(s) for s in df["git_sha"] if s is not None})
-    seeds = sorted({norm_value(s) for s in df["seed"] if norm_value(s) is not None}, key=order_key)
-    lines = ["", "## Reproducibility", "",
-             f"- Git commit(s): {', '.join(f'`{s}`' for s in shas) if shas else '(not logged)'}",
-             f"- Seeds: {', '.join(str(s) for s in seeds) if seeds else '(none)'}",
-             f"- Statistics seed: {r.comp.seed}; bootstrap and permutation resamples: {r.comp.n_resamples}",
-             "- Libraries: " + ", ".join(f"{k} {v}" for k, v in library_versions().items()),
-             "", f"Sweep file ({sf.source}):", ""]
-    if sf.text is None:
-        return lines + ["(not found: no YAML artifact on the parent run)"]
-    return lines + ["```yaml", sf.text.rstrip("\n"), "```"]
+def _tuned(df: pd.DataFrame, choice: Choice, mode: str) -> tuple[pd.DataFrame, tuning.Tuning | None, list[str]]:
+    """The trials at each variant's best value of the tuning axis (all trials without one)."""
+    if not choice.tune:
+        return df, None, []
+    if choice.tune == choice.axis:
+        return df, None, [f"report.tune is the compared axis ({choice.tune}); no tuning applied"]
+    sdf, tuned = tuning.select(df, choice.metric, choice.axis, choice.tune, mode, choice.baseline)
+    return sdf, tuned, []

@@ -12,6 +12,13 @@ Which of metric, axis and baseline the file states matters only for the baseline
 baseline that no run has is an error, a default one falls back to the first value with a note.
 The parent run says which ones the file states in ``sweep.report.explicit`` when it has that
 param; without it, the logged baseline is treated as not stated.
+
+Optional params (a sweep launched before they existed has none, and gets the defaults):
+``sweep.report.alpha`` (the significance level of the verdicts, default 0.05),
+``sweep.report.mode`` (``min``/``max``: which direction is better; default from the metric's
+name), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper``;
+default from the sweep's name) and ``sweep.report.tune`` (an axis, usually ``lr``, along which
+each variant is compared at its own best value).
 """
 from __future__ import annotations
 
@@ -20,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from lime_arch.errors import ConfigError
 from orchestrator.core.keys import canonical, dotted
 from orchestrator.core.tracking import quiet_downloads
 from orchestrator.report.runs import cast_param
 
 PARAM = "sweep.report."  # prefix of the report params on the parent run
+OPTIONAL = ("alpha", "mode", "paper", "tune")
 AXES_PARAM = "sweep.axes"
 
 
@@ -38,6 +47,10 @@ class Choice:
     explicit_baseline: bool  # a baseline no run has is an error, not a fallback
     baseline_origin: str  # "default" or "sweep's": how a fallback note names it
     grid_cols: list[str]  # the sweep's axes besides seed, canonical
+    alpha: float = 0.05
+    mode: str | None = None  # "min", "max" or None (from the metric's name)
+    paper: str | None = None  # a paper reference name, or None (from the sweep's name)
+    tune: str | None = None  # canonical axis tuned per variant, or None
 
 
 @dataclass(frozen=True)
@@ -49,6 +62,10 @@ class ReportSettings:
     baseline: Any = "none"
     axes: tuple[str, ...] = ()  # the sweep's grid (or search space) axes, canonical
     stated: frozenset[str] | None = frozenset()  # what the file states of metric/axis/baseline; None: unknown
+    alpha: float = 0.05
+    mode: str | None = None
+    paper: str | None = None
+    tune: str | None = None
 
     def choose(self, metric: str | None = None, axis: str | None = None,
                baseline: Any = None) -> Choice:
@@ -66,7 +83,9 @@ class ReportSettings:
             origin = "default" if self.stated is not None else "sweep's"
         grid_cols = [g for g in self.axes if g not in ("seed", "train.seed")]
         return Choice(metric=str(metric or self.metric), axis=chosen_axis, baseline=base,
-                      explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols)
+                      explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols,
+                      alpha=float(self.alpha), mode=self.mode, paper=self.paper,
+                      tune=canonical(dotted(self.tune)) if self.tune else None)
 
 
 DEFAULTS = ReportSettings()
@@ -90,7 +109,20 @@ def settings_from_params(params: dict[str, str]) -> ReportSettings | None:
         stated = frozenset(k.strip() for k in params[PARAM + "explicit"].split(",") if k.strip() in keys)
     return ReportSettings(metric=params[PARAM + "metric"], axis=params[PARAM + "axis"],
                           baseline=cast_param(params[PARAM + "baseline"]), axes=axis_names(axes),
-                          stated=stated)
+                          stated=stated, **optional_settings(params))
+
+
+def optional_settings(params: dict[str, str]) -> dict[str, Any]:
+    """alpha, mode, paper and tune from the parent run's params (absent or "None": the default)."""
+    out: dict[str, Any] = {}
+    for key in OPTIONAL:
+        v = cast_param(params.get(PARAM + key))
+        if v is None or v == "":
+            continue
+        if key == "alpha" and not (isinstance(v, float) and 0 < v < 1):
+            raise ConfigError(f"{PARAM}alpha: must be a number between 0 and 1, got {v!r}")
+        out[key] = float(v) if key == "alpha" else str(v)
+    return out
 
 
 @dataclass

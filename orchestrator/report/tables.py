@@ -5,7 +5,8 @@
 - ``paper_table``: those rows as markdown;
 - ``left_out``: trials that are not samples (not finished, or finished without a finite metric);
 - ``analysis_table``: mean ± std of the ``analysis/...`` metrics per cell;
-- ``compute_table``: trials, tokens, FLOPs and wall time per cell, all trials counted.
+- ``compute_table``: trials, tokens, FLOPs and wall time per cell, all trials counted;
+- ``add_paired_columns``: each variant's paired comparison and verdict, for summary.csv.
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import pandas as pd
 
 from orchestrator.core.fmt import cell_text, natural_key, norm_value, num, order_key, pct, same_value, sci, table
 from orchestrator.core.status import TrialStatus
+from orchestrator.report import verdicts
+from orchestrator.report.paired_types import PairedAnalysis
 from orchestrator.report.plots import finished
 from orchestrator.report.stats import Comparison
 
@@ -148,3 +151,27 @@ def compute_table(df: pd.DataFrame, labels: list[str]) -> list[str]:
         rows.append([lab, str(len(part)), num(t, 15), sci(fl), f"{w:.1f}"])
     rows.append(["**total**", str(trials), num(tokens, 15), sci(flops), f"{wall:.1f}"])
     return table(["variant", "trials", "tokens", "FLOPs (3 x forward)", "wall time (s)"], rows)
+
+
+PAIRED_COLUMNS = ("verdict", "design", "n_pairs", "diff_mean", "diff_pct", "diff_sd", "d_z", "diff_ci_low",
+                  "diff_ci_high", "p_perm", "p_perm_holm", "p_wilcoxon", "p_wilcoxon_holm", "min_p_holm", "mde",
+                  "mde_pct", "alpha", "better")
+
+
+def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis) -> None:
+    """The paired comparison and verdict of each variant, as summary.csv columns (in place)."""
+    nan = math.nan
+    for row in rows:
+        vals = dict.fromkeys(PAIRED_COLUMNS, nan)
+        vals.update(design=pa.design, alpha=pa.alpha, better="lower" if pa.mode == "min" else "higher",
+                    verdict=verdicts.BASELINE if row["baseline"] else verdicts.UNTESTED)
+        hit = [r for r in pa.rows if same_value(r.variant, row["variant"])]
+        if hit:
+            r = hit[0]
+            vals.update(verdict=r.verdict, n_pairs=r.n, diff_mean=r.diff_mean, diff_pct=r.diff_pct,
+                        diff_sd=r.diff_sd, d_z=r.d_z, diff_ci_low=r.ci_low, diff_ci_high=r.ci_high,
+                        p_perm=r.p_perm, p_perm_holm=r.p_perm_holm, p_wilcoxon=r.p_wilcoxon,
+                        p_wilcoxon_holm=r.p_wilcoxon_holm, min_p_holm=r.min_p_holm, mde=r.mde, mde_pct=r.mde_pct)
+        elif not pa.paired and not row["baseline"]:
+            vals["verdict"] = "no verdict (unpaired design)"
+        row.update(vals)

@@ -62,9 +62,10 @@ def router_npz(path: Path, n_layers: int, x: float | None) -> Path:
 def add_trial(cl, exp_id: str, parent: str | None, sweep: str, router: str, seed: int, *,
               n_layers: int = 3, final: float | None, status: str, start: int, steps: int = 50,
               trial_id: str | None = None, npz_x: float | None | str = "skip",
-              analysis: dict[str, float] | None = None) -> str:
+              analysis: dict[str, float] | None = None, lr: float | None = None) -> str:
     cfg = TrialConfig.from_dict({"preset": "tiny", "model": {"router": router, "n_layers": n_layers},
-                                 "train": {"steps": 50, "batch_size": 4, "seq_len": 32, "seed": seed}})
+                                 "train": {"steps": 50, "batch_size": 4, "seq_len": 32, "seed": seed},
+                                 **({"optim": {"lr": lr}} if lr is not None else {})})
     mcfg = cfg.model_config()
     tags = {"sweep": sweep, "sweep_role": "trial",
             "trial_id": trial_id or f"{router}_L{n_layers}_s{seed}", "router": router,
@@ -103,13 +104,14 @@ def add_trial(cl, exp_id: str, parent: str | None, sweep: str, router: str, seed
 
 
 def log_sweep_params(cl, parent: str, *, axes: str, axis: str, baseline: str, n_trials: int,
-                     metric: str = "final/val_loss") -> None:
-    """The params orchestrator.sweep.driver logs on a parent run (the report reads them)."""
+                     metric: str = "final/val_loss", **optional: str) -> None:
+    """The params orchestrator.sweep.driver logs on a parent run (the report reads them);
+    ``optional``: alpha, mode, paper, tune (sweep.report.*)."""
     from mlflow.entities import Param
 
     params = {"sweep.n_trials": n_trials, "sweep.axes": axes, "sweep.report.metric": metric,
               "sweep.report.axis": axis, "sweep.report.baseline": baseline,
-              "sweep.fingerprint": "0123456789abcdef"}
+              "sweep.fingerprint": "0123456789abcdef", **{f"sweep.report.{k}": v for k, v in optional.items()}}
     cl.log_batch(parent, params=[Param(k, str(v)) for k, v in params.items()])
 
 
@@ -383,7 +385,7 @@ def test_settings_come_from_the_parent_run(store, tmp_path):
                       start=start)
             start += 1000
     md = build_report(name, out=tmp_path / "a", log_to_mlflow=False).read_text()
-    assert "- Metric `final/val_loss` compared across `n_layers`, baseline `4`" in md
+    assert "- Metric `final/val_loss` (lower is better) compared across `n_layers`, baseline `4`" in md
     s = summary(tmp_path / "a" / name)
     assert list(s.index) == [2, 4] and bool(s.loc[4, "baseline"]) and s.loc[4, "n"] == 4
     assert s.loc[2, "change_pct"] == pytest.approx(100 * (3.05 - 2.8) / 2.8)
@@ -421,7 +423,7 @@ def test_report_of_a_file_that_no_longer_validates(router_sweep, store, tmp_path
     md = (tmp_path / "o" / SWEEP / "report.md").read_text()
     assert f"Sweep file ({SWEEP}.yaml):" in md and "retired_key: 1" in md
     assert f"the sweep file does not validate with this code ({SWEEP}.yaml: retired_key: unknown key" in md
-    assert "- Metric `final/val_loss` compared across `router`, baseline `none`" in md  # the parent's
+    assert "- Metric `final/val_loss` (lower is better) compared across `router`, baseline `none`" in md  # the parent's
     assert cli_main(["report", str(tmp_path / "gone.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: report: sweep file") and err.endswith("gone.yaml does not exist")
