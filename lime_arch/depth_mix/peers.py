@@ -148,7 +148,10 @@ class HyperConnections(DepthMix):
         return beta[..., None] * y.unsqueeze(-2) + carry
 
     def end(self, H: Tensor, memo: dict) -> Tensor:
-        return H.sum(-2)  # (B, T, C)
+        return self.hidden(H)
+
+    def hidden(self, H: Tensor) -> Tensor:
+        return H.sum(-2)  # the sum of the streams, what the final norm reads: (B, T, C)
 
     def macs_per_token(self) -> int:
         n, C = self.rate, self.d_model

@@ -17,6 +17,7 @@ what it changes:
   ``after_block(l, x, memo)``  after block l (0-based)
   ``end(x, memo)``             the residual state -> (B, T, C) for the final norm
   ``values(l, v, memo)``       the values layer l's attention reads, (B, R, T, Hd), after routing
+and, outside the pass, ``hidden(x)``: the residual state as one (B, T, C) hidden state (analysis).
 Arguments are typed, positive and optional from the right: ``denseformer`` is dilation 1 and
 period 1, ``denseformer-2`` dilation 2, ``denseformer-2-4`` dilation 2 and period 4. Configs
 hold the spec string only (names and numbers: MLflow params, sweep grids).
@@ -219,6 +220,11 @@ class DepthMix(nn.Module):
 
     def values(self, l: int, v: Tensor, memo: dict) -> Tensor:
         return v
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """The residual state as one hidden state (B, T, C), for analysis (a block's output is the
+        residual state: (B, T, n, C) with Hyper-Connections). Default: the state itself."""
+        return x
 
     def wrap_mixer(self, mixer, memo: dict):
         """The mixer the attention layers call: ``mixer`` itself unless this class overrides
