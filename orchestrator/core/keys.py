@@ -16,6 +16,7 @@ ALIASES: dict[str, str] = {
     "router_lr_mult": "optim.router_lr_mult",
     "preset": "preset",
     "router_init": "model.router_init",
+    "depth_mix": "model.depth_mix",
 }
 # Columns that can split a sweep into cells besides the compared axis (seed never does).
 FACTORS = ("router", "n_layers", "d_model", "preset", "router_init", "lr", "router_lr", "router_lr_mult", "steps")
