@@ -35,6 +35,7 @@ class DenseFormer(DepthMix):
         super().__init__(**kw)
         self.points = [i for i in range(1, self.n_layers + 1) if i % self.period == 0]  # DWA after block i
         self.slot = {i: m for m, i in enumerate(self.points)}
+        self.point_sources = {i: self.sources(i) for i in self.points}  # no O(L) list per block per pass
         weights = []
         for i in self.points:
             w = torch.zeros(len(self.sources(i)))
@@ -64,7 +65,7 @@ class DenseFormer(DepthMix):
         a = self.weights[m].unbind(0)  # scalars, sources ascending
         y = x * a[-1]  # (B, T, C)
         # a chain of fused multiply-adds: no stacked copy of the sources is saved for backward
-        for w, j in zip(a[:-1], self.sources(l + 1)[:-1]):
+        for w, j in zip(a[:-1], self.point_sources[l + 1][:-1]):
             y = torch.addcmul(y, w, outputs[j])
         return y
 
