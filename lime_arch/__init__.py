@@ -14,11 +14,14 @@ _EXPORTS = {
     "ROUTERS": "lime_arch.routers", "Router": "lime_arch.routers", "register_router": "lime_arch.routers",
     "RouterKind": "lime_arch.routers", "RouterArg": "lime_arch.routers", "router_specs": "lime_arch.routers",
     "parse_router": "lime_arch.routers", "build_router": "lime_arch.routers",
+    "DEPTH_MIXES": "lime_arch.depth_mix", "DepthMix": "lime_arch.depth_mix", "MixArg": "lime_arch.depth_mix",
+    "register_depth_mix": "lime_arch.depth_mix", "depth_mix_specs": "lime_arch.depth_mix",
+    "parse_depth_mix": "lime_arch.depth_mix", "build_depth_mix": "lime_arch.depth_mix",
     "LIMeDecoder": "lime_arch.model", "build_model": "lime_arch.model", "KVCache": "lime_arch.model",
     "generate": "lime_arch.generate",
     "param_groups": "lime_arch.optim",
     "param_counts": "lime_arch.accounting", "flops_per_token": "lime_arch.accounting",
-    "routing_overhead": "lime_arch.accounting",
+    "routing_overhead": "lime_arch.accounting", "flop_overhead": "lime_arch.accounting",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -9,14 +9,34 @@ multiply-accumulates of
     causal mask, as in Kaplan et al. and Chinchilla),
   - routing: per layer l >= 1 the router's MACs for K and V (full: 2 * R * |S_l|R * Hd, which
     is the paper's sum_l 2*R*(l+1)*R*2*Hd in FLOPs, arXiv 2502.09245).
-Norms, RoPE, softmax and residual adds are left out (they are O(d) per token).
+  - the depth mix's own mixing (``DepthMix.macs_per_token``): DenseFormer's weighted sums
+    (C per source of each DWA), Hyper-Connections' dynamic projections n*C*(n+2), width and depth
+    connections n*C + n^2*C + n*C per sublayer and the final sum of the streams, the value
+    residual's 2*R*Hd per layer >= 1.
+Norms, RoPE, softmax, tanh and residual adds are left out (they are O(d) per token).
 Training FLOPs are taken as 3 x forward.
+
+Against the paper's Table 16 (1B models, relative to LLaMA; arXiv 2502.09245), these counts give
+(``tests/lime_arch/test_peer_accounting.py`` pins them):
+  DenseFormer params +0.00% (152 scalars) GQA and MHA, as the paper; FLOPs +0.026% GQA, +0.024%
+    MHA vs the paper's +0.02%.
+  HC params +0.037% GQA, +0.033% MHA (394,048 = 32 sublayers x (C(n+2) + n(n+1) + n + 2)) vs
+    the paper's +0.03% both; the paper's GQA figure would need at most ~376k parameters, e.g. a
+    count of C(n+1) per sublayer, so its implementation counts a little less (which part the
+    paper does not say); FLOPs +0.26% GQA, +0.24% MHA vs +0.31% / +0.29%.
+Why the FLOPs differ: the paper's counter (2.7615T / 2.9679T per 2,048-token sequence, i.e.
+1.348G / 1.449G multiply-accumulates per token, not FLOPs: LIMe's routing, 17.7M MACs per token
+in the MHA model, is its +1.22%) counts attention about twice as we do and counts norms. Our
+base is 1.210G / 1.311G MACs per token. With the paper's bases and HC's stream norm counted at 4
+operations per stream element (n*C*4 per sublayer), this module's HC count reproduces +0.31% /
++0.29% and DenseFormer's +0.02% / +0.02% to the printed digits.
 """
 from __future__ import annotations
 
 import torch
 
 from lime_arch.config import ModelConfig
+from lime_arch.depth_mix import DepthMix, build_depth_mix
 from lime_arch.routers import Router, build_router
 
 
@@ -26,6 +46,12 @@ def _router(cfg: ModelConfig) -> Router:
                             head_dim=cfg.head_dim, init="identity")
 
 
+def _depth_mix(cfg: ModelConfig) -> DepthMix:
+    with torch.device("meta"):
+        return build_depth_mix(cfg.depth_mix, n_layers=cfg.n_layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
+                               n_kv_heads=cfg.kv_heads, head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, std=cfg.std)
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
     d, R, Hd = cfg.d_model, cfg.kv_heads, cfg.head_dim
     attn = d * cfg.n_heads * Hd * 2 + d * R * Hd * 2  # q, o and k, v
@@ -33,24 +59,33 @@ def param_counts(cfg: ModelConfig) -> dict[str, int]:
     per_layer = attn + mlp + 2 * d  # two RMSNorm weights
     embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
     router = _router(cfg).n_params()
+    mix = _depth_mix(cfg).n_params()
     body = cfg.n_layers * per_layer + d  # final norm
-    return {"total": body + embed + router, "non_embedding": body + router, "router": router,
-            "embedding": embed}
+    return {"total": body + embed + router + mix, "non_embedding": body + router + mix, "router": router,
+            "depth_mix": mix, "embedding": embed}
 
 
 def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, int]:
-    """Forward FLOPs per token: ``total`` = ``base`` (the same model without routing) + ``routing``."""
+    """Forward FLOPs per token: ``total`` = ``base`` (the same model without routing and depth mix)
+    + ``routing`` + ``depth_mix``."""
     T = seq_len or cfg.max_seq_len
     d, R, Hd, H = cfg.d_model, cfg.kv_heads, cfg.head_dim, cfg.n_heads
     matmul = cfg.n_layers * (d * H * Hd * 2 + d * R * Hd * 2 + 3 * d * cfg.ffn_dim) + d * cfg.vocab_size
     attention = cfg.n_layers * 2 * T * H * Hd
     router = _router(cfg)
     routing = sum(router.macs_per_token(l) for l in range(cfg.n_layers))
+    mix = _depth_mix(cfg).macs_per_token()
     base = 2 * (matmul + attention)
-    return {"base": base, "routing": 2 * routing, "total": base + 2 * routing}
+    return {"base": base, "routing": 2 * routing, "depth_mix": 2 * mix, "total": base + 2 * (routing + mix)}
 
 
 def routing_overhead(cfg: ModelConfig, seq_len: int | None = None) -> float:
     """Analytic routing FLOPs as a fraction of the baseline's forward FLOPs."""
     f = flops_per_token(cfg, seq_len)
     return f["routing"] / f["base"]
+
+
+def flop_overhead(cfg: ModelConfig, seq_len: int | None = None) -> float:
+    """Analytic FLOPs of routing and depth mix together as a fraction of the baseline's."""
+    f = flops_per_token(cfg, seq_len)
+    return (f["total"] - f["base"]) / f["base"]

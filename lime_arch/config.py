@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any
 
+from lime_arch.depth_mix import check_depth_mix
 from lime_arch.errors import ConfigError
 from lime_arch.routers import parse_router
 
@@ -39,6 +40,10 @@ class ModelConfig:
     # baseline ends far worse than it should (docs/ARCHITECTURE.md, "A fair baseline").
     init_std: float | str = "auto"
     router: str = "none"
+    # How layers reuse earlier hidden states or values (lime_arch.depth_mix): "none" (the plain
+    # residual stream), "denseformer[-<dilation>[-<period>]]", "hyper-connections[-<rate>]",
+    # "hyper-connections-static[-<rate>]", "value-residual", "value-residual-learned".
+    depth_mix: str = "none"
     router_init: str = "paper"
     attn_impl: str = "sdpa"
     # "buffer": the preallocated K/V buffer (O(L) memory). "concat": the paper's pseudocode,
@@ -78,6 +83,7 @@ class ModelConfig:
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"model.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
         parse_router(self.router)  # raises ConfigError listing the registered routers
+        check_depth_mix(self.depth_mix, n_layers=self.n_layers)  # the same for the depth mixes
 
     @property
     def kv_heads(self) -> int:

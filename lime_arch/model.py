@@ -4,6 +4,10 @@ Pre-RMSNorm blocks, causal attention with RoPE, SwiGLU MLP, final norm, tied LM 
 only LIMe-specific line is ``k, v = mixer.route(l, k, v)``: raw pre-RoPE K/V go in, routed K/V
 come out, and RoPE is applied once after routing (all mixed vectors share one position, so
 this equals mixing post-RoPE keys). With the ``none`` router this is exactly LLaMA.
+
+The residual stream goes through the depth mix (``lime_arch.depth_mix``: DenseFormer,
+Hyper-Connections, value residual): its hooks wrap each sublayer, run after each block, and see
+the routed values; ``none`` is the plain ``x + sublayer(x)``, the same operations as before.
 """
 from __future__ import annotations
 
@@ -15,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from lime_arch.config import ModelConfig
+from lime_arch.depth_mix import DepthMix, build_depth_mix
 from lime_arch.routers import Router, build_router
 from lime_arch.routing.mixers import make_mixer
 
@@ -145,9 +150,12 @@ class Block(nn.Module):
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = MLP(cfg)
 
-    def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
-        x = x + self.attn(self.attn_norm(x), l, mixer, cos, sin, cache)
-        return x + self.mlp(self.mlp_norm(x))
+    def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                mix: DepthMix, memo: dict) -> Tensor:
+        """x: the residual state (B, T, C); (B, T, n, C) with Hyper-Connections. The depth mix
+        applies each sublayer (``none``: x + sublayer(x))."""
+        x = mix.sublayer(2 * l, x, lambda h: self.attn(self.attn_norm(h), l, mixer, cos, sin, cache), memo)
+        return mix.sublayer(2 * l + 1, x, lambda h: self.mlp(self.mlp_norm(h)), memo)
 
 
 class LIMeDecoder(nn.Module):
@@ -164,6 +172,10 @@ class LIMeDecoder(nn.Module):
         # built after the init loop so its own (paper or identity) init is kept
         self.router: Router = build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
                                            head_dim=cfg.head_dim, init=cfg.router_init)
+        # after every other weight, from a forked RNG: the shared weights equal the none model's
+        self.depth_mix: DepthMix = build_depth_mix(cfg.depth_mix, n_layers=cfg.n_layers, d_model=cfg.d_model,
+                                                   n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,
+                                                   head_dim=cfg.head_dim, norm_eps=cfg.norm_eps, std=cfg.std)
         cos, sin = rope_cache(cfg.head_dim, cfg.max_seq_len, cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
@@ -192,13 +204,14 @@ class LIMeDecoder(nn.Module):
         if p + T > self.cfg.max_seq_len:
             raise ValueError(f"sequence of {p + T} tokens exceeds model.max_seq_len={self.cfg.max_seq_len}")
         cos, sin = self.rope_cos[p:p + T], self.rope_sin[p:p + T]
-        mixer = make_mixer(self.router, self.cfg.routing_impl)
-        x = self.embed(idx)  # (B, T, C)
+        mix, memo = self.depth_mix, {}  # memo: the depth mix's state of this pass
+        mixer = mix.wrap_mixer(make_mixer(self.router, self.cfg.routing_impl), memo)
+        x = mix.begin(self.embed(idx), memo)  # (B, T, C) embedding -> residual state
         for l, block in enumerate(self.blocks):
-            x = block(x, l, mixer, cos, sin, cache)
+            x = mix.after_block(l, block(x, l, mixer, cos, sin, cache, mix, memo), memo)
         if cache is not None:
             cache.pos += T
-        return self.lm_head(self.norm(x))  # (B, T, V)
+        return self.lm_head(self.norm(mix.end(x, memo)))  # (B, T, V)
 
 
 def build_model(cfg: ModelConfig) -> LIMeDecoder:

@@ -1,9 +1,11 @@
 """Capture per-layer hidden states and attended values without touching the training path.
 
 ``capture(model)`` is a context manager: forward hooks on the blocks record the residual
-stream after each layer, and the mixer factory the decoder calls once per forward is wrapped
-for the duration so each layer's *routed* values (what attention actually reads; the plain
-values for ``none``) are recorded too. Outside the context the model is exactly as before.
+stream after each layer (as one (B, T, C) state, ``DepthMix.hidden``: the sum of the streams with
+Hyper-Connections), and the mixer the decoder builds once per forward (its depth mix's
+``wrap_mixer``) is wrapped for the duration so each layer's *routed* values (what attention
+actually reads: the plain values for ``none``, after the value residual where there is one) are
+recorded too. Outside the context the model is exactly as before.
 """
 from __future__ import annotations
 
@@ -21,13 +23,13 @@ def capture(model: lime_model.LIMeDecoder):
     hooks = []
     for l, blk in enumerate(model.blocks):
         def hook(_m, _inp, out, l=l):
-            store["hidden"][l] = out.detach()  # (B, T, C)
+            store["hidden"][l] = model.depth_mix.hidden(out).detach()  # (B, T, C)
 
         hooks.append(blk.register_forward_hook(hook))
-    original = lime_model.make_mixer
+    original = model.depth_mix.wrap_mixer
 
-    def recording_mixer(router, impl="buffer"):
-        mixer = original(router, impl)
+    def recording_mixer(inner, memo):
+        mixer = original(inner, memo)
         route = mixer.route
 
         def route_and_record(l, k, v):
@@ -39,10 +41,10 @@ def capture(model: lime_model.LIMeDecoder):
         mixer.route = route_and_record
         return mixer
 
-    lime_model.make_mixer = recording_mixer
+    model.depth_mix.wrap_mixer = recording_mixer  # this model only
     try:
         yield store
     finally:
-        lime_model.make_mixer = original
+        del model.depth_mix.wrap_mixer  # the class's method again
         for h in hooks:
             h.remove()

@@ -5,10 +5,10 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-CSV_FIELDS = ["router", "impl", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio", "ratio_lo",
-              "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict", "peak_mb",
-              "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops", "body_gflops", "routing_mb",
-              "bw_gbs", "bw_floor_pct", "reps"]
+CSV_FIELDS = ["router", "impl", "depth_mix", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio",
+              "ratio_lo", "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict",
+              "peak_mb", "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops", "body_gflops",
+              "routing_mb", "bw_gbs", "bw_floor_pct", "reps"]
 DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "ratio_lo", "ratio_hi", "reps",
                  "kv_bytes"]
 
@@ -52,7 +52,7 @@ def _method(info: dict) -> str:
             f"measured with the {info['clock']} clock (pairing cancels this VM's drift: the same matmul runs "
             "+-15% for seconds at a time); `95% CI` is the distribution-free (sign-test) interval of that "
             "median; `step ms` and `wall ms` are medians. `FLOP %` is "
-            f"`routing_overhead` (forward routing FLOPs over the baseline's, seq {info['seq']}); "
+            f"`flop_overhead` (forward routing and depth-mix FLOPs over the baseline's, seq {info['seq']}); "
             "target = 1.5 x FLOP % + 1. "
             "`peak MB`: peak resident memory of one step after a warm-up step, fresh subprocess per case "
             "(see `orchestrator/bench/memory.py`). `ratio (min)`: fastest variant step / fastest none step. "
@@ -62,16 +62,19 @@ def _method(info: dict) -> str:
             "pass through the caches), as a share of `none`'s step. `alone %`: the routing's forward and backward "
             "outside the model (same shapes, minus `none`'s), as a share of `none`'s step; `routing GFLOP/s`: "
             "3 x its forward FLOPs over that time. "
+            "Rows with a `depth mix` are the paper's peer architectures over the none router (Table 17: "
+            "DenseFormer, Hyper-Connections), without a target; their `FLOP %` is the depth mix's own FLOPs. "
             "Optimizer: AdamW with lime_arch's parameter groups, fused kernel.")
 
 
 def _step_table(rows: list[dict]) -> list[str]:
     L = ["## Training step (like the paper's Table 17)", "",
-         "| router | shape | impl | step ms | wall ms | ratio | 95% CI | ratio (min) | overhead % | FLOP % | "
-         "target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | bw floor % |",
-         "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+         "| router | depth mix | shape | impl | step ms | wall ms | ratio | 95% CI | ratio (min) | overhead % | "
+         "FLOP % | target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | bw floor % |",
+         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
-        L.append(f"| {r['router']} | {r['shape']} | {r['impl']} | {r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
+        L.append(f"| {r['router']} | {r.get('depth_mix', 'none')} | {r['shape']} | {r['impl']} | "
+                 f"{r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
                  f"{r['ratio']:.3f} | {r['ratio_lo']:.3f}-{r['ratio_hi']:.3f} | {r['ratio_min']:.3f} | "
                  f"{r['overhead_pct']:+.1f} | {r['flop_overhead_pct']:.2f} | "
                  f"{_f(r.get('target_pct'))} | {r['verdict']} | {_f(r.get('alone_pct'))} | "

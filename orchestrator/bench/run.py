@@ -6,7 +6,9 @@ repetitions on one shared decoder body), the routing alone outside the model (``
 peak memory of one step (``memory.py``: a fresh subprocess per case on CPU), the analytic forward
 FLOPs per token and routing overhead (``lime_arch.accounting``) and the bytes the routing moves
 per step at the measured bandwidth; the same for the naive peer (full routing with
-``routing_impl="concat"``, the paper's concatenation); and the decode speed of none, full and
+``routing_impl="concat"``, the paper's concatenation); the same for the paper's peer
+architectures (``none+denseformer``, ``none+hyper-connections``: depth mixes over the none router,
+the analogue of its Table 17, without a target); and the decode speed of none, full and
 first-4. ``targets.py`` gives the verdicts, ``outputs.py`` writes the files.
 
 CPU runs fp32 with one thread by default (OpenMP barriers under oversubscription make
@@ -25,12 +27,13 @@ from pathlib import Path
 
 import torch
 
-from lime_arch.accounting import flops_per_token, routing_overhead
+from lime_arch.accounting import flop_overhead, flops_per_token
 from orchestrator.bench import memory as mem
 from orchestrator.bench.alone import time_alone
 from orchestrator.bench.outputs import write_outputs
 from orchestrator.bench.shapes import (
     BATCH,
+    DEPTH_MIXES,
     PEER,
     QUICK_BATCH,
     QUICK_SEQ,
@@ -40,6 +43,8 @@ from orchestrator.bench.shapes import (
     VOCAB,
     Shape,
     bench_routers,
+    depth_mix_labels,
+    split_label,
 )
 from orchestrator.bench.step import bench_cfg, clock, device_of
 from orchestrator.bench.targets import checks
@@ -102,10 +107,11 @@ def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float) -> di
     traffic = mem.routing_traffic(cfg, s.batch, s.seq, 2 if s.amp else 4)
     floor_ms = None if traffic is None else 1e3 * traffic / (s.bw * 1e9)
     tokens = s.batch * s.seq
-    return {"router": lab.split("/")[0], "impl": "concat" if lab == PEER else "buffer",
+    router, impl, depth_mix = split_label(lab)
+    return {"router": router, "impl": impl, "depth_mix": depth_mix,
             "label": lab, "shape": sh.name, "n_layers": sh.n_layers, "kv_heads": sh.n_kv_heads,
             **timed[lab], "overhead_pct": 100 * (timed[lab]["ratio"] - 1),
-            "flop_overhead_pct": 100 * routing_overhead(cfg, s.seq), "flops_per_token": fl["total"],
+            "flop_overhead_pct": 100 * flop_overhead(cfg, s.seq), "flops_per_token": fl["total"],
             "alone_pct": 100 * 1e3 * alone_s / base_ms,
             "routing_gflops": 3 * fl["routing"] * tokens / alone_s / 1e9 if alone_s else None,
             "body_gflops": 3 * fl["base"] * tokens / (base_ms / 1e3) / 1e9,
@@ -144,20 +150,23 @@ def _add_memory(s: _Setup, rows: list[dict], sub) -> None:
 
 def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False, *, device: str | None = None,
               threads: int | None = 1, shapes: tuple[Shape, ...] | None = None,
-              routers: Sequence[str] | None = None, memory: bool = True, decode: bool = True) -> dict:
+              routers: Sequence[str] | None = None, memory: bool = True, decode: bool = True,
+              depth_mixes: Sequence[str] = DEPTH_MIXES) -> dict:
     """Run the benchmark, write ``bench.md``, ``bench.csv`` and ``decode.csv`` under ``out_dir``.
 
     ``routers``: router specs (default: every registered router, ``shapes.bench_routers``); ``none``
-    and the peer are always added. ``quick``: tiny shapes, one repetition, memory in-process
-    except one subprocess case. Returns ``{"paths": [...], "rows": [...], "decode": [...],
-    "checks": [...], "machine": {...}}``."""
+    and the peer are always added; ``depth_mixes``: the peer architectures, each a ``none+<depth mix>``
+    row (default DenseFormer and Hyper-Connections, the paper's Table 17). ``quick``: tiny shapes,
+    one repetition, memory in-process except one subprocess case. Returns ``{"paths": [...],
+    "rows": [...], "decode": [...], "checks": [...], "machine": {...}}``."""
     t_start = time.perf_counter()
     dev = device_of(device)
     if threads and dev.type == "cpu":
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     shapes = shapes or (QUICK_SHAPES if quick else SHAPES)
-    labels = list(dict.fromkeys(["none", *(bench_routers() if routers is None else routers), PEER]))
+    labels = list(dict.fromkeys(["none", *(bench_routers() if routers is None else routers), PEER,
+                                 *depth_mix_labels(depth_mixes)]))
     malloc = steady_malloc() if dev.type == "cpu" and not quick else False
     load0 = os.getloadavg()
     batch, seq = (QUICK_BATCH, QUICK_SEQ) if quick else (BATCH, SEQ)

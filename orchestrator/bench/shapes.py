@@ -10,6 +10,9 @@ from dataclasses import dataclass
 import lime_arch
 
 PEER = "full/concat"  # label of the naive reference: full routing, the paper's concatenation
+# The paper's Table 17 peers (arXiv 2502.09245): rows labelled ``none+<depth mix>`` (a label is
+# ``router[/impl][+depth_mix]``), timed against none like every router, without a target.
+DEPTH_MIXES = ("denseformer", "hyper-connections")
 # Vocabulary 2,048, not GPT-2's 50,257: at width 256 a 50k head would be 43% of the 16-layer
 # model's FLOPs and 44% of its parameters (AdamW time), hiding the routing behind the LM head;
 # with 2,048 the head is ~3% (the paper's 1B models' is ~9%).
@@ -41,3 +44,16 @@ def bench_routers() -> tuple[str, ...]:
     """Every registered router in registration order, a family at its declared example argument
     (none, full, average, last-4, first-4, dilated-8, no-head-mix, per-dim with today's registry)."""
     return tuple(lime_arch.router_specs())
+
+
+def split_label(label: str) -> tuple[str, str, str]:
+    """``router[/impl][+depth_mix]`` -> (router, impl, depth_mix), e.g. ``none+denseformer`` ->
+    (none, buffer, denseformer), ``full/concat`` -> (full, concat, none)."""
+    rest, _, depth_mix = label.partition("+")
+    router, _, impl = rest.partition("/")
+    return router, impl or "buffer", depth_mix or "none"
+
+
+def depth_mix_labels(depth_mixes=DEPTH_MIXES) -> tuple[str, ...]:
+    """The benchmark labels of the depth-mix rows: each depth mix over the none router."""
+    return tuple(f"none+{d}" for d in depth_mixes if d != "none")

@@ -13,11 +13,12 @@ import torch
 import torch.nn.functional as F
 
 from lime_arch.config import ModelConfig, preset
+from lime_arch.depth_mix import build_depth_mix
 from lime_arch.errors import ConfigError
 from lime_arch.model import build_model
 from lime_arch.optim import param_groups
 from lime_arch.routers import build_router
-from orchestrator.bench.shapes import SEQ, VOCAB, Shape
+from orchestrator.bench.shapes import SEQ, VOCAB, Shape, split_label
 
 
 def device_of(device: str | None) -> torch.device:
@@ -29,11 +30,12 @@ def device_of(device: str | None) -> torch.device:
 
 
 def bench_cfg(shape: Shape, label: str, device: torch.device, seq: int = SEQ, vocab: int = VOCAB) -> ModelConfig:
-    """The model of one case; ``label`` is a router spec, ``router/impl`` for another mixer."""
-    router, _, impl = label.partition("/")
+    """The model of one case; ``label`` is a router spec, ``router/impl`` for another mixer,
+    ``router+depth_mix`` with a depth mix (``shapes.split_label``)."""
+    router, impl, depth_mix = split_label(label)
     attn = "flash" if device.type == "cuda" else "sdpa"
     return preset("deep32", n_layers=shape.n_layers, n_kv_heads=shape.n_kv_heads, router=router,
-                  routing_impl=impl or "buffer", vocab_size=vocab, max_seq_len=seq, attn_impl=attn)
+                  routing_impl=impl, depth_mix=depth_mix, vocab_size=vocab, max_seq_len=seq, attn_impl=attn)
 
 
 def autocast(device: torch.device, amp: bool):
@@ -85,7 +87,7 @@ def clock(device: torch.device, threads: int):
 
 class SharedBody:
     """All variants of one shape on one decoder body (same weights); each variant brings its own
-    router and AdamW param groups, the body's optimizer state is shared."""
+    router, depth mix and AdamW param groups, the body's optimizer state is shared."""
 
     def __init__(self, shape: Shape, labels, device, amp, batch, seq):
         torch.manual_seed(0)
@@ -94,14 +96,17 @@ class SharedBody:
         self.model = build_model(self.cfgs[labels[0]]).to(device)
         self.routers = {lab: build_router(c.router, n_layers=c.n_layers, n_kv_heads=c.kv_heads, head_dim=c.head_dim,
                                           init=c.router_init).to(device) for lab, c in self.cfgs.items()}
-        self.body = [p for n, p in self.model.named_parameters() if not n.startswith("router.")]
+        self.mixes = {lab: build_depth_mix(c.depth_mix, n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads,
+                                           n_kv_heads=c.kv_heads, head_dim=c.head_dim, norm_eps=c.norm_eps,
+                                           std=c.std).to(device) for lab, c in self.cfgs.items()}
+        self.body = [p for n, p in self.model.named_parameters() if not n.startswith(("router.", "depth_mix."))]
         self.opts: dict[str, torch.optim.Optimizer] = {}
         self.state: dict | None = None
         self.idx = torch.randint(0, VOCAB, (batch, seq + 1), device=device)
 
     def step(self, label: str) -> None:
         m = self.model
-        m.router, m.cfg = self.routers[label], self.cfgs[label]
+        m.router, m.depth_mix, m.cfg = self.routers[label], self.mixes[label], self.cfgs[label]
         if label not in self.opts:
             opt = self.opts[label] = adamw(m)
             if self.state is not None:  # share the body's AdamW state (memory; values are irrelevant)

@@ -9,6 +9,8 @@ process:
 - peak memory of full routing at 64 layers <= ``mem_full_64`` x none's (Table 17: +0.00% / +0.01%);
 - decode tokens/s >= ``decode[router]`` x none's (Table 18: first-4 decodes 2.9% to 8.8% slower),
   with KV-cache bytes equal to none's.
+The peer architectures' rows (a depth mix over the none router: DenseFormer, Hyper-Connections)
+have no target: they are measured, as the paper's Table 17 reports them (verdict ``peer``).
 A failed step-time row is ``kernel-bound`` when the routing alone (outside the model) already
 costs more than the target, ``bandwidth-bound`` when its memory traffic at the measured bandwidth
 does.
@@ -19,10 +21,14 @@ TARGETS = {"decode": {"full": 0.90, "first-4": 0.95}, "mem_full_64": 1.03, "vs_p
 
 
 def step_target(row: dict) -> float | None:
-    """The step-time overhead target (percent) of a row; None for the baseline and the peer."""
-    if row["impl"] == "concat" or row["router"] == "none":
+    """The step-time overhead target (percent) of a row; None for the baseline and the peers."""
+    if row["impl"] == "concat" or row["router"] == "none" or _is_depth_mix(row):
         return None
     return 1.5 * row["flop_overhead_pct"] + 1.0
+
+
+def _is_depth_mix(row: dict) -> bool:
+    return row.get("depth_mix", "none") != "none"
 
 
 def _verdict(r: dict, t: float) -> str:
@@ -41,7 +47,7 @@ def _step_checks(rows: list[dict]) -> list[dict]:
     for r in rows:
         t = r["target_pct"] = step_target(r)
         if t is None:
-            r["verdict"] = "peer" if r["impl"] == "concat" else "baseline"
+            r["verdict"] = "peer" if r["impl"] == "concat" or _is_depth_mix(r) else "baseline"
             continue
         r["verdict"] = _verdict(r, t)
         out.append({"check": f"step time {r['router']} @ {r['shape']}", "value": r["overhead_pct"], "target": t,

@@ -26,6 +26,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shapes", help="comma-separated subset of " + ",".join(SHAPES_BY_NAME))
     ap.add_argument("--routers", help="comma-separated router specs (default: every registered router, "
                     "those taking an integer as first-4, last-4, dilated-8, others <name>-4)")
+    ap.add_argument("--depth-mixes", help="comma-separated depth mixes benchmarked over the none router, the "
+                    "paper's peer architectures (default: denseformer,hyper-connections; 'none' for none of them)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
     ap.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
@@ -43,6 +45,18 @@ def _routers(spec: str | None) -> tuple[str, ...] | None:
     return routers
 
 
+def _depth_mixes(spec: str | None) -> tuple[str, ...] | None:
+    if spec is None:
+        return None  # run_bench's default: the paper's Table 17 peers
+    mixes = tuple(d for d in spec.split(",") if d)
+    for d in mixes:
+        try:
+            lime_arch.parse_depth_mix(d)
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("model.depth_mix", "bench.depth_mixes", 1)) from None
+    return tuple(d for d in mixes if d != "none")
+
+
 def options(a: argparse.Namespace) -> dict:
     """Checked keyword arguments of ``run_bench``; a bad value raises one ConfigError line (a cuda
     device torch cannot see is ``run_bench``'s first check)."""
@@ -57,8 +71,10 @@ def options(a: argparse.Namespace) -> dict:
         raise ConfigError(f"bench.device: {a.device!r}; allowed: cpu, cuda")
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"bench.threads: must be >= 1, got {a.threads}")
-    return {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
-            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode}
+    out = {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
+           "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode}
+    mixes = _depth_mixes(getattr(a, "depth_mixes", None))
+    return out if mixes is None else {**out, "depth_mixes": mixes}
 
 
 def print_summary(out: dict) -> None:
@@ -70,10 +86,13 @@ def print_summary(out: dict) -> None:
 
 
 def _metrics(out: dict) -> dict[str, float]:
-    """Every ratio of every row and decode batch, keyed ``bench/<metric>/<router>.<impl>.<shape>``."""
+    """Every ratio of every row and decode batch, keyed ``bench/<metric>/<router>.<impl>.<shape>`` (a peer
+    architecture's row: ``...<shape>.<depth mix>``)."""
     metrics = {}
     for r in out["rows"]:
         key = f"{r['router']}.{r['impl']}.{r['shape']}"
+        if r.get("depth_mix", "none") != "none":  # the peer architectures' rows (no '+' in MLflow names)
+            key += f".{r['depth_mix']}"
         for m in ("ratio", "overhead_pct", "flop_overhead_pct", "mem_ratio", "alone_pct"):
             if r.get(m) is not None:
                 metrics[f"bench/{m}/{key}"] = float(r[m])

@@ -5,7 +5,7 @@ import csv
 import torch
 
 from orchestrator.bench.run import run_bench
-from orchestrator.bench.shapes import PEER, QUICK_SHAPES, bench_routers
+from orchestrator.bench.shapes import DEPTH_MIXES, PEER, QUICK_SHAPES, bench_routers
 from orchestrator.bench.timing import median_ci, paired_times
 
 
@@ -19,10 +19,19 @@ def test_quick_bench_end_to_end(tmp_path):
     want = {(r.split("/")[0], "concat" if r == PEER else "buffer", s.name)
             for r in ("none", *bench_routers(), PEER) for s in QUICK_SHAPES}
     assert {(r["router"], r["impl"], r["shape"]) for r in rows} == want
+    # the paper's peer architectures (Table 17): a depth mix over the none router, no target
+    peers = [r for r in rows if r["depth_mix"] != "none"]
+    assert {(r["depth_mix"], r["shape"]) for r in peers} == {(d, s.name) for d in DEPTH_MIXES for s in QUICK_SHAPES}
+    assert {"denseformer", "hyper-connections"} <= set(DEPTH_MIXES)
+    for r in peers:
+        assert r["router"] == "none" and r["verdict"] == "peer" and r["target_pct"] == ""
+        assert float(r["flop_overhead_pct"]) > 0 and float(r["mem_ratio"]) > 0 and float(r["step_ms"]) > 0
     for r in rows:
         assert float(r["step_ms"]) > 0 and float(r["ratio"]) > 0 and float(r["peak_mb"]) > 0
         assert int(r["flops_per_token"]) > 0 and 0 < float(r["mem_ratio"]) < 10
         assert float(r["flop_overhead_pct"]) >= 0
+        if r["depth_mix"] != "none":
+            continue  # the peers, above
         if r["router"] == "none":
             assert float(r["ratio"]) == 1.0 and r["verdict"] == "baseline"
         elif r["impl"] == "buffer":

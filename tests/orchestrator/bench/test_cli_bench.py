@@ -11,6 +11,7 @@ BAD = [
     (["--routers", "first-0"], "bench.routers"),
     (["--threads", "0"], "bench.threads"),
     (["--device", "tpu"], "bench.device"),
+    (["--depth-mixes", "denseformer,densformer"], "bench.depth_mixes"),
 ]
 
 
@@ -33,6 +34,8 @@ def test_bench_logs_rows_and_decode_to_mlflow(tmp_path, mlflow_uri, capsys):
     m = run.data.metrics
     assert m["bench/ratio/none.buffer.L3-GQA"] == 1.0
     assert m["bench/ratio/full.buffer.L3-GQA"] > 0 and "bench/ratio/full.concat.L3-GQA" in m
+    assert m["bench/ratio/none.buffer.L3-GQA.denseformer"] > 0  # the peer rows keep their own keys
+    assert "bench/flop_overhead_pct/none.buffer.L3-GQA.hyper-connections" in m
     assert m["bench/decode_ratio/none.b1"] == 1.0 and m["bench/decode_tok_s/full.b8"] > 0
     assert run.data.params["device"] == "cpu" and run.data.params["torch"].startswith("2.")
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}

@@ -26,7 +26,8 @@ def test_a_newly_registered_router_is_benchmarked_without_naming_it(tmp_path, mo
         arguments = (RouterArg("j", example=3),)
 
     out = run_bench(tmp_path, quick=True, shapes=(QUICK_SHAPES[1],), memory=False, decode=False)
-    assert [r["label"] for r in out["rows"]] == ["none", "full", "early-3", "full/concat"]
+    assert [r["label"] for r in out["rows"]] == ["none", "full", "early-3", "full/concat", "none+denseformer",
+                                                 "none+hyper-connections"]
     assert "early" not in ROUTERS  # the real registry is untouched
 
 

@@ -1,0 +1,252 @@
+"""The depth-mix registry: how a layer reuses earlier layers' hidden states or values.
+
+The second pluggable axis of the model, beside the routers (``lime_arch.routers``): a router
+decides which buffered K/V heads a layer's attention reads; a depth mix decides what flows along
+the depth of the network: the plain residual stream (``none``), a learned average of every
+earlier block output (DenseFormer), n parallel residual streams (Hyper-Connections), or a
+shortcut from the first layer's values (ResFormer's value residual). The two compose: any
+router with any depth mix is a legal model.
+
+A depth mix is one ``nn.Module`` class with ``@register_depth_mix(name)``. The decoder calls its
+hooks, each with the per-pass ``memo`` (a fresh dict per forward pass, for state such as the
+block outputs so far); every default is the plain residual stream, so a class overrides only
+what it changes:
+  ``begin(x, memo)``           the embedding output (B, T, C) -> the residual state
+  ``sublayer(k, x, fn, memo)`` sublayer k (2l: attention of layer l, 2l+1: its MLP); ``fn`` maps
+                               the sublayer's input (B, T, C) to its output; default ``x + fn(x)``
+  ``after_block(l, x, memo)``  after block l (0-based)
+  ``end(x, memo)``             the residual state -> (B, T, C) for the final norm
+  ``values(l, v, memo)``       the values layer l's attention reads, (B, R, T, Hd), after routing
+and, outside the pass, ``hidden(x)``: the residual state as one (B, T, C) hidden state (analysis).
+Arguments are typed, positive and optional from the right: ``denseformer`` is dilation 1 and
+period 1, ``denseformer-2`` dilation 2, ``denseformer-2-4`` dilation 2 and period 4. Configs
+hold the spec string only (names and numbers: MLflow params, sweep grids).
+
+Weights: created after (and independently of) every baseline weight, under a forked RNG, so a
+model with a depth mix has bit-for-bit the same shared weights as the ``none`` model of the same
+seed (the paired statistics of a sweep rely on it). An entry that draws random weights should
+use ``self.std`` (the model's init std).
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+from torch import nn
+
+from lime_arch.errors import ConfigError
+
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class MixArg:
+    """One typed argument of a depth mix; ``default`` (positive, of ``type``) applies when the spec
+    leaves it out."""
+
+    name: str
+    default: int | float
+    type: type = int  # int or float
+
+
+_TOKEN = {int: re.compile(r"\d+"), float: re.compile(r"\d+(?:\.\d+)?")}
+_TYPE_WORD = {int: "integer", float: "number"}
+_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*")  # no all-digit part: those are arguments
+_RESERVED = frozenset({"name", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "norm_eps", "std",
+                       "arg_values", "training"})
+
+DEPTH_MIXES: dict[str, type[DepthMix]] = {}
+
+
+def register_depth_mix(name: str):
+    """Class decorator: add a ``DepthMix`` subclass to ``DEPTH_MIXES`` under ``name``, after checking
+    its name and ``arguments`` (a TypeError or ValueError here is a bug in the class)."""
+
+    def deco(cls: type[DepthMix]) -> type[DepthMix]:
+        _check_class(name, cls)
+        cls.name = name
+        DEPTH_MIXES[name] = cls
+        return cls
+
+    return deco
+
+
+def _check_class(name: str, cls: type) -> None:
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"depth mix name {name!r}: lowercase words joined by '-', none of them all digits")
+    if name in DEPTH_MIXES:
+        raise ValueError(f"depth mix name {name!r} is registered already (by {DEPTH_MIXES[name].__qualname__})")
+    if not (isinstance(cls, type) and issubclass(cls, DepthMix)):
+        raise TypeError(f"depth mix {name!r}: {cls!r} is not a subclass of DepthMix")
+    args = cls.arguments
+    if not isinstance(args, tuple) or not all(isinstance(a, MixArg) for a in args):
+        raise TypeError(f"depth mix {name!r}: arguments must be a tuple of MixArg, got {args!r}")
+    seen: set[str] = set()
+    for a in args:
+        if not a.name.isidentifier() or a.name in seen or a.name in _RESERVED or hasattr(cls, a.name):
+            raise ValueError(f"depth mix {name!r}: argument name {a.name!r} is not a free identifier")
+        if a.type not in _TOKEN:
+            raise TypeError(f"depth mix {name!r}: argument {a.name!r} has type {a.type!r}; allowed: int, float")
+        if type(a.default) is not a.type or not a.default > 0:
+            raise ValueError(f"depth mix {name!r}: argument {a.name!r} needs a positive {a.type.__name__} default")
+        seen.add(a.name)
+
+
+def _signature(cls: type[DepthMix]) -> str:
+    """``denseformer[-<dilation>[-<period>]]``: the name and its optional arguments."""
+    return cls.name + "".join(f"[-<{a.name}>" for a in cls.arguments) + "]" * len(cls.arguments)
+
+
+def _registered() -> str:
+    return ", ".join(_signature(c) for c in DEPTH_MIXES.values())
+
+
+def depth_mix_specs() -> list[str]:
+    """Every registered depth mix as a spec string (its name: the arguments' defaults), in
+    registration order."""
+    return list(DEPTH_MIXES)
+
+
+def _parse_args(spec: str, cls: type[DepthMix]) -> tuple[int | float, ...] | None:
+    """The full argument tuple (defaults filled in) of ``spec`` for ``cls``; None if the text after
+    the name is not a run of numbers (then ``spec`` is not one of ``cls``'s)."""
+    parts = spec[len(cls.name) + 1:].split("-")
+    if not all(_TOKEN[float].fullmatch(p) for p in parts):
+        return None
+    args = cls.arguments
+    if len(parts) > len(args):
+        raise ConfigError(f"model.depth_mix: {spec!r}: {cls.name} takes at most {len(args)} argument(s), "
+                          f"{_signature(cls)}; registered: {_registered()}")
+    values = []
+    for a, p in zip(args, parts):
+        if not _TOKEN[a.type].fullmatch(p) or not a.type(p) > 0:
+            raise ConfigError(f"model.depth_mix: {spec!r} needs a positive {_TYPE_WORD[a.type]} for {a.name}, "
+                              f"got {p}")
+        values.append(a.type(p))
+    return tuple(values) + tuple(a.default for a in args[len(values):])
+
+
+def parse_depth_mix(spec: str) -> tuple[type[DepthMix], tuple[int | float, ...]]:
+    """'denseformer-2' -> (DenseFormer, (2, 1)). Unknown names or bad arguments raise ConfigError."""
+    if not isinstance(spec, str):
+        raise ConfigError(f"model.depth_mix: must be a string, got {spec!r}; registered: {_registered()}")
+    cls = DEPTH_MIXES.get(spec)
+    if cls is not None:
+        return cls, tuple(a.default for a in cls.arguments)
+    # longest name first: 'hyper-connections-static-2' belongs to hyper-connections-static
+    for family in sorted(DEPTH_MIXES.values(), key=lambda c: -len(c.name)):
+        if family.arguments and spec.startswith(family.name + "-"):
+            values = _parse_args(spec, family)
+            if values is not None:
+                return family, values
+    raise ConfigError(f"model.depth_mix: unknown depth mix {spec!r}; registered: {_registered()}")
+
+
+def check_depth_mix(spec: str, *, n_layers: int) -> None:
+    """Parse ``spec`` and check it against the model (ConfigError, one line, naming the field)."""
+    cls, args = parse_depth_mix(spec)
+    problem = cls.check(dict(zip((a.name for a in cls.arguments), args)), n_layers)
+    if problem:
+        raise ConfigError(f"model.depth_mix: {spec!r}: {problem}")
+
+
+def build_depth_mix(spec: str, *, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                    norm_eps: float, std: float) -> DepthMix:
+    """The depth mix of ``spec``. Its weights are drawn (if at all) from a fork of the global RNG,
+    which is left as it was: the model's other weights do not depend on the depth mix."""
+    check_depth_mix(spec, n_layers=n_layers)
+    cls, args = parse_depth_mix(spec)
+    with torch.random.fork_rng(devices=[]):
+        return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                   norm_eps=norm_eps, std=std, args=args)
+
+
+class _ValuesAfterRouting:
+    """A mixer whose routed values then pass through the depth mix's ``values`` hook."""
+
+    def __init__(self, mixer, mix: DepthMix, memo: dict):
+        self.mixer, self.mix, self.memo = mixer, mix, memo
+
+    def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        k, v = self.mixer.route(l, k, v)  # routed (B, R, T, Hd)
+        return k, self.mix.values(l, v, self.memo)
+
+
+class DepthMix(nn.Module):
+    """Base class: the plain residual stream. See the module docstring for the hooks."""
+
+    name: ClassVar[str]
+    arguments: ClassVar[tuple[MixArg, ...]] = ()
+    # True: at step 0 the model computes what the ``none`` model of the same seed computes (the
+    # tests check it for every entry that says so)
+    baseline_at_init: ClassVar[bool] = True
+
+    def __init__(self, *, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                 norm_eps: float, std: float, args: Sequence[int | float] = ()):
+        super().__init__()
+        if len(args) != len(self.arguments):
+            raise ValueError(f"depth mix {self.name}: takes {len(self.arguments)} arguments, got {tuple(args)}")
+        self.n_layers, self.d_model, self.n_heads = n_layers, d_model, n_heads
+        self.n_kv_heads, self.head_dim, self.norm_eps, self.std = n_kv_heads, head_dim, norm_eps, std
+        self.arg_values = tuple(args)
+        for a, v in zip(self.arguments, args):
+            setattr(self, a.name, v)
+
+    @property
+    def spec(self) -> str:
+        """The canonical spec: the name and every argument."""
+        return "-".join([self.name, *(str(v) for v in self.arg_values)])
+
+    @classmethod
+    def check(cls, args: dict[str, int | float], n_layers: int) -> str | None:
+        """What is wrong with these arguments for a model of ``n_layers`` layers (None: nothing)."""
+        return None
+
+    # -- the per-pass hooks (defaults: the plain residual stream) -------------------------------
+    def begin(self, x: Tensor, memo: dict) -> Tensor:
+        return x
+
+    def sublayer(self, k: int, x: Tensor, fn: Callable[[Tensor], Tensor], memo: dict) -> Tensor:
+        return x + fn(x)
+
+    def after_block(self, l: int, x: Tensor, memo: dict) -> Tensor:
+        return x
+
+    def end(self, x: Tensor, memo: dict) -> Tensor:
+        return x
+
+    def values(self, l: int, v: Tensor, memo: dict) -> Tensor:
+        return v
+
+    def hidden(self, x: Tensor) -> Tensor:
+        """The residual state as one hidden state (B, T, C), for analysis (a block's output is the
+        residual state: (B, T, n, C) with Hyper-Connections). Default: the state itself."""
+        return x
+
+    def wrap_mixer(self, mixer, memo: dict):
+        """The mixer the attention layers call: ``mixer`` itself unless this class overrides
+        ``values``, which then sees every layer's routed values."""
+        if type(self).values is DepthMix.values:
+            return mixer
+        return _ValuesAfterRouting(mixer, self, memo)
+
+    # -- optimizer and accounting ---------------------------------------------------------------
+    def decays(self, name: str) -> bool:
+        """Whether parameter ``name`` (relative to this module) takes weight decay. Default: none
+        of a depth mix's weights do (they are mixing scalars, like the router's)."""
+        return False
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def macs_per_token(self) -> int:
+        """Multiply-accumulates per token of the mixing itself (``lime_arch.accounting``)."""
+        return 0
+
+
+@register_depth_mix("none")
+class NoDepthMix(DepthMix):
+    """The standard residual stream: x <- x + sublayer(x)."""

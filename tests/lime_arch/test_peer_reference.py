@@ -1,0 +1,195 @@
+"""The peer architectures against float64 references written here from their papers' equations
+(as restated by arXiv 2502.09245, Section 5 and Appendix C), sharing no code with lime_arch:
+a plain loop over layers, per stream and per source, reading the model's weights by name.
+
+Every peer's weights are randomised first (their inits are the identity and zeros, which would
+hide most of the mixing). Logits and every gradient at 1e-9, MHA and GQA, with the none and the
+full router (the composition). Every registered depth mix needs an entry in REFERENCES."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from lime_arch import build_model, preset
+from lime_arch.depth_mix import DEPTH_MIXES, depth_mix_specs
+
+
+@pytest.fixture(autouse=True)
+def _f64():
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(torch.float32)
+
+
+def rms(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rope(x, theta):  # (B, H, T, Hd), rotate-half
+    T, Hd = x.shape[-2:]
+    inv = 1.0 / theta ** (torch.arange(0, Hd, 2, dtype=torch.float64) / Hd)
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
+    return x * cos + torch.cat([-x[..., Hd // 2:], x[..., :Hd // 2]], -1) * sin
+
+
+class Ref:
+    """One reference forward pass: the LLaMA block as sublayers, the full router's Eq. 4 on the
+    raw K/V of every earlier layer, and hooks the peers below fill in."""
+
+    def __init__(self, model, idx):
+        self.m, self.cfg, self.idx = model, model.cfg, idx
+        self.kbuf, self.vbuf = [], []
+        self.v1 = None
+
+    def attention(self, l, h):
+        cfg, blk = self.cfg, self.m.blocks[l]
+        a, (B, T, _) = blk.attn, h.shape
+        H, R, Hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        h = rms(h, blk.attn_norm.weight, cfg.norm_eps)
+        q = (h @ a.wq.weight.T).view(B, T, H, Hd).transpose(1, 2)
+        self.kbuf.append((h @ a.wk.weight.T).view(B, T, R, Hd).transpose(1, 2))  # raw (B, R, T, Hd)
+        self.vbuf.append((h @ a.wv.weight.T).view(B, T, R, Hd).transpose(1, 2))
+        k, v = self.kbuf[l], self.vbuf[l]
+        if cfg.router == "full" and l > 0:  # routed[h] = sum_{s, h'} W[h, s*R + h'] KV_s[h']
+            W = self.m.router.weights[l - 1]
+            k = sum(W[:, s * R + g, None, None] * self.kbuf[s][:, g:g + 1] for s in range(l + 1) for g in range(R))
+            v = sum(W[:, s * R + g, None, None] * self.vbuf[s][:, g:g + 1] for s in range(l + 1) for g in range(R))
+        v = self.value_hook(l, v)
+        q, k = rope(q, cfg.rope_theta), rope(k, cfg.rope_theta)
+        k, v = k.repeat_interleave(H // R, 1), v.repeat_interleave(H // R, 1)
+        att = (q @ k.transpose(-1, -2) / math.sqrt(Hd)).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1),
+                                                                    float("-inf"))
+        return (att.softmax(-1) @ v).transpose(1, 2).reshape(B, T, H * Hd) @ a.wo.weight.T
+
+    def mlp(self, l, h):
+        blk = self.m.blocks[l]
+        h = rms(h, blk.mlp_norm.weight, self.cfg.norm_eps)
+        return (F.silu(h @ blk.mlp.w1.weight.T) * (h @ blk.mlp.w3.weight.T)) @ blk.mlp.w2.weight.T
+
+    def value_hook(self, l, v):
+        return v
+
+    def run(self):
+        x = self.m.embed.weight[self.idx]
+        for l in range(self.cfg.n_layers):
+            x = x + self.attention(l, x)
+            x = x + self.mlp(l, x)
+        return self.logits(x)
+
+    def logits(self, x):
+        return rms(x, self.m.norm.weight, self.cfg.norm_eps) @ self.m.embed.weight.T
+
+
+class DenseFormerRef(Ref):
+    """Y_i = sum_{j <= i, (i - j) % k == 0} a_{i,j} X_j after every p-th block; block i+1 reads Y_i."""
+
+    def run(self):
+        dm = self.m.depth_mix
+        k, p = dm.dilation, dm.period
+        X = [self.m.embed.weight[self.idx]]
+        y, m = X[0], 0
+        for i in range(1, self.cfg.n_layers + 1):
+            x = y + self.attention(i - 1, y)
+            x = x + self.mlp(i - 1, x)
+            X.append(x)
+            y = x
+            if i % p == 0:
+                js = [j for j in range(i + 1) if (i - j) % k == 0]
+                a = dm.weights[m]
+                y = sum(a[n] * X[j] for n, j in enumerate(js))
+                m += 1
+        return self.logits(y)
+
+
+class HyperConnectionsRef(Ref):
+    """n streams; per sublayer k, per stream i: a_m[i], A_r[i, j], b[i] (+ s tanh(norm(H_i) W)),
+    h = sum_i a_m[i] H_i, H'_j = b[j] y + sum_i A_r[i, j] H_i; the sum of the streams at the end."""
+
+    def step(self, k, Hs, f):
+        dm, n = self.m.depth_mix, len(Hs)
+        am = [dm.static_alpha[k][i, 0] for i in range(n)]
+        Ar = [[dm.static_alpha[k][i, 1 + j] for j in range(n)] for i in range(n)]
+        b = [dm.static_beta[k][i] for i in range(n)]
+        if dm.dynamic:
+            W, (sa, sb) = dm.proj[k], dm.scale[k]  # W = [W_m | W_r | W_b]: (C, n + 2)
+            for i in range(n):
+                hn = Hs[i] / torch.sqrt(Hs[i].pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)
+                am[i] = am[i] + sa * torch.tanh(hn @ W[:, 0])
+                Ar[i] = [Ar[i][j] + sa * torch.tanh(hn @ W[:, 1 + j]) for j in range(n)]
+                b[i] = b[i] + sb * torch.tanh(hn @ W[:, n + 1])
+        expand = (lambda s: s[..., None]) if dm.dynamic else (lambda s: s)
+        y = f(sum(expand(am[i]) * Hs[i] for i in range(n)))
+        return [expand(b[j]) * y + sum(expand(Ar[i][j]) * Hs[i] for i in range(n)) for j in range(n)]
+
+    def run(self):
+        x0 = self.m.embed.weight[self.idx]
+        Hs = [x0] * self.m.depth_mix.rate
+        for l in range(self.cfg.n_layers):
+            Hs = self.step(2 * l, Hs, lambda h, l=l: self.attention(l, h))
+            Hs = self.step(2 * l + 1, Hs, lambda h, l=l: self.mlp(l, h))
+        return self.logits(sum(Hs))
+
+
+class ValueResidualRef(Ref):
+    """V_n <- 0.5 V_1 + 0.5 V_n on the values attention reads (routed), for every layer after the first."""
+
+    def lambdas(self, l):
+        return 0.5, 0.5
+
+    def value_hook(self, l, v):
+        if l == 0:
+            self.v1 = v
+            return v
+        l1, l2 = self.lambdas(l)
+        return l1 * self.v1 + l2 * v
+
+
+class LearnedValueResidualRef(ValueResidualRef):
+    def lambdas(self, l):
+        return self.m.depth_mix.lambdas[l - 1, 0], self.m.depth_mix.lambdas[l - 1, 1]
+
+
+REFERENCES = {"none": Ref, "denseformer": DenseFormerRef, "hyper-connections": HyperConnectionsRef,
+              "hyper-connections-static": HyperConnectionsRef, "value-residual": ValueResidualRef,
+              "value-residual-learned": LearnedValueResidualRef}
+SPECS = [*depth_mix_specs(), "denseformer-2-1", "denseformer-1-2", "denseformer-2-3", "hyper-connections-2",
+         "hyper-connections-static-3"]
+
+
+def test_every_registered_depth_mix_has_a_reference():
+    assert set(REFERENCES) == set(DEPTH_MIXES), "write a reference for the new depth mix here"
+
+
+def _randomise(model):
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.depth_mix.parameters():
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+
+
+def _grads(model):
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("kv", [4, 2])
+@pytest.mark.parametrize("router", ["none", "full"])
+def test_peer_matches_reference_forward_and_gradients(spec, kv, router):
+    name = spec if spec in DEPTH_MIXES else spec.rstrip("0123456789-")
+    model = build_model(preset("tiny", router=router, n_kv_heads=kv, n_layers=5, depth_mix=spec)).double()
+    _randomise(model)
+    idx = torch.randint(0, 256, (2, 9))
+    target = torch.randn(2, 9, 256)
+    out = model(idx)
+    (out * target).sum().backward()
+    g_model = _grads(model)
+    model.zero_grad(set_to_none=True)
+    ref = REFERENCES[name](model, idx).run()
+    (ref * target).sum().backward()
+    g_ref = _grads(model)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
+    assert g_model.keys() == g_ref.keys()
+    for n in g_ref:
+        torch.testing.assert_close(g_model[n], g_ref[n], rtol=1e-9, atol=1e-9, msg=n)
