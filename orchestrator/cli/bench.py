@@ -11,7 +11,7 @@ import argparse
 import lime_arch
 import orchestrator.bench
 from lime_arch.errors import ConfigError
-from orchestrator.bench.shapes import SHAPES_BY_NAME
+from orchestrator.bench.shapes import COMPILE_MODES, SHAPES_BY_NAME
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger
 
@@ -26,6 +26,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--shapes", help="comma-separated subset of " + ",".join(SHAPES_BY_NAME))
     ap.add_argument("--routers", help="comma-separated router specs (default: every registered router, "
                     "those taking an integer as first-4, last-4, dilated-8, others <name>-4)")
+    ap.add_argument("--compile", default="none", metavar="MODE",
+                    help="add rows with the model's forward torch.compile'd in this mode beside the eager rows, "
+                         "each paired against none compiled alike (the paper's Table 17 setting): "
+                         + ", ".join(COMPILE_MODES) + " (default none: eager only)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
     ap.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
@@ -57,8 +61,11 @@ def options(a: argparse.Namespace) -> dict:
         raise ConfigError(f"bench.device: {a.device!r}; allowed: cpu, cuda")
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"bench.threads: must be >= 1, got {a.threads}")
+    if a.compile not in COMPILE_MODES:
+        raise ConfigError(f"bench.compile: {a.compile!r}; allowed: {', '.join(COMPILE_MODES)}")
     return {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
-            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode}
+            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode,
+            "compile": None if a.compile == "none" else a.compile}
 
 
 def print_summary(out: dict) -> None:
@@ -70,10 +77,12 @@ def print_summary(out: dict) -> None:
 
 
 def _metrics(out: dict) -> dict[str, float]:
-    """Every ratio of every row and decode batch, keyed ``bench/<metric>/<router>.<impl>.<shape>``."""
+    """Every ratio of every row and decode batch, keyed ``bench/<metric>/<router>.<impl>.<shape>``
+    (compiled rows: ``...<shape>.<mode>``)."""
     metrics = {}
     for r in out["rows"]:
-        key = f"{r['router']}.{r['impl']}.{r['shape']}"
+        mode = r.get("compile", "eager")
+        key = f"{r['router']}.{r['impl']}.{r['shape']}" + ("" if mode == "eager" else f".{mode}")
         for m in ("ratio", "overhead_pct", "flop_overhead_pct", "mem_ratio", "alone_pct"):
             if r.get(m) is not None:
                 metrics[f"bench/{m}/{key}"] = float(r[m])

@@ -11,6 +11,7 @@ BAD = [
     (["--routers", "first-0"], "bench.routers"),
     (["--threads", "0"], "bench.threads"),
     (["--device", "tpu"], "bench.device"),
+    (["--compile", "max"], "bench.compile"),
 ]
 
 
