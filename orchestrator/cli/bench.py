@@ -11,9 +11,11 @@ import argparse
 import lime_arch
 import orchestrator.bench
 from lime_arch.errors import ConfigError
-from orchestrator.bench.shapes import COMPILE_MODES, SHAPES_BY_NAME
+from orchestrator.bench.shapes import COMPILE_MODES, SHAPES_BY_NAME, bench_routers
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger
+
+PROFILE_SHAPES = ("L64-MHA", "L128-MHA")  # lime bench --profile's default shapes
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -30,6 +32,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="add rows with the model's forward torch.compile'd in this mode beside the eager rows, "
                          "each paired against none compiled alike (the paper's Table 17 setting): "
                          + ", ".join(COMPILE_MODES) + " (default none: eager only)")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the benchmark: profile the routing alone, product by product, against "
+                         "same-shaped reference GEMMs (profile.md in --out; default shapes L64-MHA,L128-MHA, "
+                         "default routers every learned one)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
     ap.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
@@ -104,8 +110,21 @@ def _track(out: dict, quick: bool) -> None:
     print(f"MLflow run: {log.run_id} (experiment 'lime-bench')")
 
 
+def cmd_profile(kw: dict) -> int:
+    """``lime bench --profile``: the routing's products against reference GEMMs (CPU)."""
+    if kw["device"] == "cuda":
+        raise ConfigError("bench.profile: profiles the CPU routing; drop --device cuda")
+    shapes = kw["shapes"] or tuple(SHAPES_BY_NAME[n] for n in PROFILE_SHAPES)
+    routers = kw["routers"] or tuple(r for r in bench_routers() if r != "none")
+    out = orchestrator.bench.run_profile(kw["out_dir"], routers, shapes, threads=kw["threads"] or 1)
+    print(f"wrote {out['path']} (large GEMM {out['large_gflops']:.1f} GFLOP/s)")
+    return 0
+
+
 def cmd_bench(args) -> int:
     kw = options(args)  # ConfigError -> one line, exit 2, before anything runs
+    if args.profile:
+        return cmd_profile(kw)
     out = orchestrator.bench.run_bench(**kw)
     print_summary(out)
     if not args.no_track:
