@@ -28,7 +28,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 import lime_arch
 from lime_arch import build_model, preset
 from lime_arch.generate import generate
-from lime_arch.routers import build_router, router_specs
+from lime_arch.routers import build_router, parse_router, router_specs
 from lime_arch.routing import ops
 from lime_arch.routing.mixers import make_mixer
 
@@ -43,6 +43,7 @@ def _depth_mix_cases() -> list[str]:
 
 
 MODEL_CASES = [*router_specs(), "full/concat", *_depth_mix_cases()]
+LEARNED = [s for s in router_specs((2, 4)) if parse_router(s)[0].kind.learned]  # the ones with a buffer mixer
 
 
 @pytest.fixture(autouse=True)
@@ -74,12 +75,10 @@ def _route_all(router, raw, block, use_ops, grad_weights=None):
     return [o.detach() for o in outs], torch.autograd.grad(loss, params, allow_unused=True)
 
 
-@pytest.mark.parametrize("spec", router_specs((2, 4)))
+@pytest.mark.parametrize("spec", LEARNED)
 @pytest.mark.parametrize("R", [4, 1])
 def test_op_path_is_the_eager_path_bit_for_bit(spec, R):
     router = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
-    if not router.kind.learned:
-        pytest.skip("parameter-free routers have no buffer mixer")
     raw = _raw(R)
     g = torch.Generator().manual_seed(1)
     gw = [torch.randn(B, R, T, HD, generator=g) for _ in range(2 * L)]
@@ -149,7 +148,7 @@ def test_a_pass_without_backward_is_dropped_after_max_passes():
 
 
 # -- compiled ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", router_specs((2,)))
+@pytest.mark.parametrize("spec", [s for s in router_specs((2,)) if parse_router(s)[0].kind.learned])
 def test_compiled_blocked_mixer_equals_eager(spec):
     """The mixer alone, compiled (aot_eager, fullgraph) with layer blocks of 2 and 3, so the blocks'
     old-slot products and the members' weights go through the ops (at the models' depths below the
