@@ -63,6 +63,8 @@ How ``BufferMixer`` (the learned kinds) is fast and lean:
   memoised, and multiply row ranges of it (full, last-j: one product per layer; first-j: two);
   same-head and per-dim routers concatenate their sources from a list.
 - The uniform average needs no buffer at all: a running sum divided by l+1.
+- Under torch.compile the same work runs as opaque custom ops (``lime_arch.routing.ops``), which
+  Dynamo does not trace: ``BufferMixer`` picks them while Dynamo traces (``use_ops``).
 - ``ConcatMixer`` is the paper's pseudocode (grow the buffer by concatenation at every layer,
   multiply with the dense router): the benchmark's peer and an independent reference.
 Source lists of a router must be sorted (all registered routers' are); plans are cached on the
