@@ -35,8 +35,10 @@ _announced: set[str] = set()
 
 
 def _announce(msg: str) -> None:
-    """Log the attention path once per process, so the choice is never a silent surprise."""
-    if msg not in _announced:
+    """Log the attention path once per process, so the choice is never a silent surprise. Not while
+    torch.compile traces: a logging call there is a graph break (inside the layer loop, Dynamo then
+    gives up on the whole forward and compiles every layer on its own)."""
+    if msg not in _announced and not torch.compiler.is_compiling():
         _announced.add(msg)
         log.info(msg)
 
@@ -102,7 +104,9 @@ class Attention(nn.Module):
             cache.k[l, :, :, p:p + T] = k
             cache.v[l, :, :, p:p + T] = v
             k, v = cache.k[l, :, :, :p + T], cache.v[l, :, :, :p + T]
-            causal = p == 0  # one new token attends to everything cached; a prompt is causal
+            causal = False  # one new token attends to everything cached; a prompt is causal (a branch,
+            if p == 0:  # not `p == 0` as a value: compiled, p may be a symbolic int, and SDPA takes a bool)
+                causal = True
             if p > 0 and T > 1:
                 raise ValueError("chunked prefill after a cached prefix is not supported")
         y = self._attend(q, k, v, causal)  # (B, H, T, Hd)

@@ -63,6 +63,8 @@ How ``BufferMixer`` (the learned kinds) is fast and lean:
   memoised, and multiply row ranges of it (full, last-j: one product per layer; first-j: two);
   same-head and per-dim routers concatenate their sources from a list.
 - The uniform average needs no buffer at all: a running sum divided by l+1.
+- Under torch.compile the same work runs as opaque custom ops (``lime_arch.routing.ops``), which
+  Dynamo does not trace: ``BufferMixer`` picks them while Dynamo traces (``use_ops``).
 - ``ConcatMixer`` is the paper's pseudocode (grow the buffer by concatenation at every layer,
   multiply with the dense router): the benchmark's peer and an independent reference.
 Source lists of a router must be sorted (all registered routers' are); plans are cached on the
@@ -73,6 +75,7 @@ from __future__ import annotations
 import torch
 
 from lime_arch.routers import Router, RouterKind
+from lime_arch.routing import ops
 from lime_arch.routing.plan import layout_for, plan_for
 from lime_arch.routing.pool import POOL, Buf
 from lime_arch.routing.state import BufferState, RouteLayer, WriteLayer0
@@ -114,19 +117,25 @@ class MeanMixer:
 class BufferMixer:
     """Learned routers (linear, same-head and per-dim) over the preallocated, blocked buffer."""
 
-    def __init__(self, router: Router, block: int | None = None):
-        self.router = router
-        self.layout = layout_for(router)
-        self.plan = plan_for(router, self.layout, block)
+    def __init__(self, router: Router, block: int | None = None, use_ops: bool | None = None):
+        self.router, self.block = router, block
+        # under torch.compile the routing runs as opaque custom ops (``lime_arch.routing.ops``), which
+        # build the plan themselves: nothing here may touch the plan caches while Dynamo traces
+        self.use_ops = torch.compiler.is_compiling() if use_ops is None else use_ops
+        self.layout = None if self.use_ops else layout_for(router)
+        self.plan = None if self.use_ops else plan_for(router, self.layout, block)
         self.layer_weights: list[Tensor] = []  # weight(l) of layers 1..L-1, fetched once per pass
         self.state: BufferState | None = None
-        self.link: Tensor | None = None  # what the next layer's autograd function consumes
+        self.link: Tensor | None = None  # what the next layer's autograd function (or op) consumes
         self.mode = "grad"
         self.slot_kv: list[Tensor] = []  # few-token path of same-head and per-dim: [K|V] per slot
         self.small_buf: Buf | None = None  # few-token path of linear routers: the pooled slot tensor
         self.small_views: list | None = None  # and its memoised per-layer views
+        self.taken: tuple = ()  # ops path: per layer, the other members whose weights it takes
 
     def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        if self.use_ops:
+            return self._route_ops(l, k, v)
         router, plan = self.router, self.plan
         if l == 0:  # one decision per forward pass
             ws = self.layer_weights = [router.weight(m) for m in range(1, router.n_layers)]
@@ -149,14 +158,28 @@ class BufferMixer:
             kr, vr = RouteLayer.apply(k, v, self._weight(l), self.link, st, l, *members)
             self.link = kr  # the next layer's function consumes it: the backward chain
             return kr, vr
-        st.write(l, k, v)
         if l == 0:
+            st.write(0, k, v)
             return k.transpose(1, 2), v.transpose(1, 2)
-        b, layout = plan.block_of[l], self.layout
-        blk = plan.blocks[b]
-        if l == blk.l0 and blk.members:
-            st.old_slots_forward(b, [layout.split_columns(self._weight(m), plan.n_old[m])[0] for m in blk.members])
-        return st.split(st.route(layout.split_columns(self._weight(l), plan.n_old[l])[1], l))
+        b = plan.block_of[l]
+        members = [self._weight(m) for m in plan.other_members[b]] if l == plan.blocks[b].l0 else ()
+        return st.split(st.route_layer(l, k, v, self._weight(l), members, grad=False))
+
+    def _route_ops(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The same routing as opaque custom ops (``lime_arch.routing.ops``), for torch.compile;
+        the previous layer's op hands its token on, which orders the ops in forward and backward."""
+        r = self.router
+        cfg = (r.spec, r.n_layers, r.R, r.head_dim, -1 if self.block is None else self.block)
+        if l == 0:
+            ws = self.layer_weights = [r.weight(m) for m in range(1, r.n_layers)]
+            self.mode = "grad" if torch.is_grad_enabled() and (
+                k.requires_grad or v.requires_grad or any(w.requires_grad for w in ws)) else "nograd"
+            self.taken = ops.members_taken(*cfg)
+            self.link = ops.route_begin(k, v, *cfg, ws[0].dtype if ws else k.dtype, self.mode == "grad")
+            return k.transpose(1, 2), v.transpose(1, 2)
+        members = [self._weight(m) for m in self.taken[l]]
+        kv, self.link = ops.route_layer(k, v, self._weight(l), self.link, members, *cfg, l, self.mode == "grad")
+        return kv[0], kv[1]
 
     def _weight(self, l: int) -> Tensor:
         return self.layer_weights[l - 1]
@@ -240,11 +263,13 @@ class ConcatMixer:
 _MIXERS = {RouterKind.IDENTITY: IdentityMixer, RouterKind.MEAN: MeanMixer}
 
 
-def make_mixer(router: Router, routing_impl: str = "buffer", *, block: int | None = None):
+def make_mixer(router: Router, routing_impl: str = "buffer", *, block: int | None = None,
+               use_ops: bool | None = None):
     """A fresh mixer for one forward pass. ``block`` overrides the layer-block size of the buffer
-    mixer (tests; None lets ``choose_block`` pick it)."""
+    mixer (tests; None lets ``choose_block`` pick it); ``use_ops`` runs it as the compile path's
+    custom ops (None: exactly when torch.compile traces)."""
     if routing_impl == "concat":
         return ConcatMixer(router)
     if router.kind.learned:
-        return BufferMixer(router, block)
+        return BufferMixer(router, block, use_ops)
     return _MIXERS[router.kind](router)

@@ -186,12 +186,13 @@ class Layout:
     per-dim:   D = Hd, rows_per_slot = out_rows = R, operand (Hd, R, |S|R)
     same-head: D = R,  rows_per_slot = out_rows = 1, operand (R, 1, |S|): a batch per head"""
 
-    def __init__(self, router: Router):
+    def __init__(self, router: Router, memoize: bool = True):
         if not router.kind.learned:
             raise ValueError(f"router {router.spec}: kind {router.kind.value} has no weights to lay out")
         self.kind, self.R, self.Hd = router.kind, router.R, router.head_dim
         self.rows_per_slot = self.out_rows = 1 if self.kind is RouterKind.SAME_HEAD else router.R
         self.memo: dict[tuple, tuple] = {}  # (id(param), tag) -> (param, data_ptr, dtype, views)
+        self.memoize = memoize  # False: a layout shared by many models (the compile ops) keeps no views
         with torch.no_grad():  # the contract of weight(l), checked once per router
             for l in range(1, router.n_layers):
                 w, want = router.weight(l), router.operand_shape(l)
@@ -218,7 +219,7 @@ class Layout:
             return c[3]
         with torch.no_grad():
             out = build()
-        if views and isinstance(w, torch.nn.Parameter):
+        if views and self.memoize and isinstance(w, torch.nn.Parameter):
             self.memo[key] = (w, w.data_ptr(), w.dtype, out)
         return out
 

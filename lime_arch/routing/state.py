@@ -9,6 +9,8 @@ columns (2*B*T*Hd, or 2*B*T per-dim: K and V side by side), a slot is ``rows_per
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.autograd import Function
 
@@ -17,6 +19,14 @@ from lime_arch.routing.plan import LayerBlock, Layout, Plan
 from lime_arch.routing.pool import POOL, Buf
 
 Tensor = torch.Tensor
+_LIVE: weakref.WeakSet = weakref.WeakSet()  # every BufferState alive (for ``held_bytes``)
+
+
+def held_bytes() -> int:
+    """Bytes of the K/V buffers that live passes hold for their backward. Autograd's saved-tensor
+    hooks do not see them (the buffer is written in place, outside ``save_for_backward``), so
+    memory accounting adds them (``orchestrator.engine.memory``)."""
+    return sum(st.kv.numel() * st.kv.element_size() for st in list(_LIVE) if st.kv is not None)
 
 
 class BufferState:
@@ -47,6 +57,7 @@ class BufferState:
         #   columns (D, n_layers*out_rows, n_layers*rows_per_slot)
         self.in_weight_grads: dict[int, Tensor] = {}  # member layer -> dW of its in-block columns
         self.weight_dtype = weight_dtype
+        _LIVE.add(self)
 
     def release(self) -> None:
         """Hand the buffers back to the pool: after the last backward (``WriteLayer0``) or when the
@@ -194,8 +205,9 @@ class BufferState:
             dw[:, :, c0:c1] = torch.bmm(g, kb.rows(r0, r1).transpose(1, 2))
         return dw
 
-    def slot_grad(self, s: int) -> tuple[Tensor, Tensor] | None:
-        """grad_s = old_grad[s] (from later blocks) + W_in(s)^T @ grad_out[in-block readers of s]."""
+    def slot_grad_rows(self, s: int) -> Tensor | None:
+        """grad_s = old_grad[s] (from later blocks) + W_in(s)^T @ grad_out[in-block readers of s], as a
+        fresh (D, rows_per_slot, N) tensor; None when no reader of slot s got a gradient."""
         plan, n, n_out = self.plan, self.rows_per_slot, self.out_rows
         b = plan.block_of[s]
         block_grad = self.grad_out.get(b)
@@ -216,7 +228,12 @@ class BufferState:
             return None
         if not fresh:  # a view of the gradient buffer, which is reused: copy
             out = out.clone()
-        return self._kv_views(out, False)
+        return out
+
+    def slot_grad(self, s: int) -> tuple[Tensor, Tensor] | None:
+        """Slot s's K and V gradients as (B, T, R, Hd) views of ``slot_grad_rows(s)``."""
+        out = self.slot_grad_rows(s)
+        return None if out is None else self._kv_views(out, False)
 
     def old_slots_backward(self, b: int, needs: list[bool]) -> list[Tensor | None]:
         """dW_old = grad_out @ buf[old slots]^T and old_grad[old slots] += W_old^T grad_out; the
@@ -280,6 +297,54 @@ class BufferState:
         self.in_weights.pop(b, None)
 
 
+    # -- one layer, forward and backward (the autograd functions and the compile ops call these) --
+    def route_layer(self, l: int, k: Tensor, v: Tensor, w: Tensor, member_weights, grad: bool = True) -> Tensor:
+        """Write layer l's K/V into slot l and return its routed (D, out_rows, N). ``w`` is
+        ``weight(l)``; the first layer of a block with members also gets the other members' weights
+        and computes the block's old-slot part. ``grad``: keep what backward needs."""
+        plan, layout = self.plan, self.layout
+        self.write(l, k, v)
+        b = plan.block_of[l]
+        blk = plan.blocks[b]
+        if l == blk.l0 and blk.members:
+            weight_of = dict(zip(plan.other_members[b], member_weights))
+            weight_of[l] = w
+            self.old_slots_forward(b, [layout.split_columns(weight_of[m], plan.n_old[m])[0] for m in blk.members])
+        w_in = layout.split_columns(w, plan.n_old[l])[1]
+        if grad:
+            self.place_in_weights(l, w_in)
+        return self.route(w_in, l)
+
+    def backward_layer(self, l: int, gk: Tensor | None, gv: Tensor | None, need_w: bool, need_kv: bool,
+                       need_members: list[bool]) -> tuple[Tensor | None, Tensor | None, list[Tensor | None]]:
+        """Layer l's backward (every later layer's has run): (slot l's gradient rows or None, dW of
+        ``weight(l)`` or None, dW of the other members' weights when l starts their block)."""
+        plan = self.plan
+        g = self.store_grad_out(l, gk, gv)  # (D, out_rows, N)
+        dw = None
+        member = plan.member_idx[l] is not None
+        if need_w:
+            dw_in = self.in_weight_grad(l, g)
+            if member:  # the block's first layer adds the old-slot columns
+                self.in_weight_grads[l] = dw_in
+            else:
+                dw = self.layout.weight_grad(dw_in, self.weight_dtype)
+        b = plan.block_of[l]
+        blk = plan.blocks[b]
+        others: list[Tensor | None] = []
+        if l == blk.l0 and blk.members:
+            other = plan.other_members[b]
+            needs = [need_w if m == l else need_members[other.index(m)] for m in blk.members]
+            grads = dict(zip(blk.members, self.old_slots_backward(b, needs)))
+            if member:
+                dw = grads.pop(l)
+            others = [grads[m] for m in other]
+        slot_g = self.slot_grad_rows(l) if need_kv else None
+        if l == blk.l0:
+            self.end_block(b)
+        return slot_g, dw, others
+
+
 class WriteLayer0(Function):
     """Layer 0: write its K/V (it reads them unrouted); hand out slot 0's gradient, free all."""
 
@@ -298,57 +363,27 @@ class WriteLayer0(Function):
 
 
 class RouteLayer(Function):
-    """Layer l >= 1: write its K/V into slot l and route. ``w`` is ``weight(l)`` as the router
-    returned it. The first layer of a block with members also takes the other members' weights
-    (``member_weights``), computes the block's old-slot part P in forward and, in backward (which
-    runs after every later layer of the block), the old-slot gradients and the members' whole dW.
+    """Layer l >= 1: write its K/V into slot l and route (``BufferState.route_layer``). ``w`` is
+    ``weight(l)`` as the router returned it. The first layer of a block with members also takes the
+    other members' weights (``member_weights``), computes the block's old-slot part P in forward
+    and, in backward (which runs after every later layer of the block), the old-slot gradients and
+    the members' whole dW.
 
-    Backward: store the output gradient into grad_out, dW of the in-block columns (a member keeps
-    it for the block's first layer), then slot l's gradient (every reader of slot l is done)."""
+    Backward (``BufferState.backward_layer``): store the output gradient into grad_out, dW of the
+    in-block columns (a member keeps it for the block's first layer), then slot l's gradient (every
+    reader of slot l is done)."""
 
     @staticmethod
     def forward(ctx, k: Tensor, v: Tensor, w: Tensor, link: Tensor, state: BufferState, l: int,
                 *member_weights: Tensor):
-        plan = state.plan
         ctx.state, ctx.l = state, l
-        state.write(l, k, v)
-        b = plan.block_of[l]
-        blk = plan.blocks[b]
-        layout = state.layout
-        if l == blk.l0 and blk.members:
-            weight_of = dict(zip(plan.other_members[b], member_weights))
-            weight_of[l] = w
-            state.old_slots_forward(b, [layout.split_columns(weight_of[m], plan.n_old[m])[0] for m in blk.members])
-        w_in = layout.split_columns(w, plan.n_old[l])[1]
-        state.place_in_weights(l, w_in)
-        return state.split(state.route(w_in, l))
+        return state.split(state.route_layer(l, k, v, w, member_weights))
 
     @staticmethod
     def backward(ctx, gk: Tensor | None, gv: Tensor | None):
         state, l = ctx.state, ctx.l
-        plan = state.plan
-        g = state.store_grad_out(l, gk, gv)  # (D, out_rows, N)
-        dw = None
-        member = plan.member_idx[l] is not None
-        if ctx.needs_input_grad[2]:
-            dw_in = state.in_weight_grad(l, g)
-            if member:  # the block's first layer adds the old-slot columns
-                state.in_weight_grads[l] = dw_in
-            else:
-                dw = state.layout.weight_grad(dw_in, state.weight_dtype)
-        b = plan.block_of[l]
-        blk = plan.blocks[b]
-        others: list[Tensor | None] = []
-        if l == blk.l0 and blk.members:
-            other = plan.other_members[b]
-            needs = [ctx.needs_input_grad[2] if m == l else ctx.needs_input_grad[6 + other.index(m)]
-                     for m in blk.members]
-            grads = dict(zip(blk.members, state.old_slots_backward(b, needs)))
-            if member:
-                dw = grads.pop(l)
-            others = [grads[m] for m in other]
-        slot_g = state.slot_grad(l) if (ctx.needs_input_grad[0] or ctx.needs_input_grad[1]) else None
-        if l == blk.l0:
-            state.end_block(b)
-        slot_gk, slot_gv = (None, None) if slot_g is None else slot_g
+        need = ctx.needs_input_grad
+        slot_g, dw, others = state.backward_layer(l, gk, gv, need[2], need[0] or need[1],
+                                                  [need[6 + i] for i in range(len(need) - 6)])
+        slot_gk, slot_gv = (None, None) if slot_g is None else state._kv_views(slot_g, False)
         return (slot_gk, slot_gv, dw, None, None, None, *others)

@@ -9,15 +9,16 @@ Run it with ``lime bench`` (``--no-track`` to skip MLflow). Modules, bottom up:
   targets  the targets and verdicts (torch-free)
   outputs  bench.md, bench.csv, decode.csv (torch-free)
   run      ``run_bench``: all of the above, in order
+  profile  ``run_profile`` (``lime bench --profile``): the routing's products against reference GEMMs
 
-``run_bench`` loads lazily (PEP 562, as ``lime_arch``'s public names do): ``lime bench --help``
+``run_bench`` and ``run_profile`` load lazily (PEP 562, as ``lime_arch``'s public names do): ``lime bench --help``
 and the option checks of ``orchestrator.cli.bench`` import this package without torch.
 """
 from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"run_bench": "orchestrator.bench.run"}
+_EXPORTS = {"run_bench": "orchestrator.bench.run", "run_profile": "orchestrator.bench.profile"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -71,8 +71,9 @@ def measure_in_process(case: dict) -> dict:
     """Peak memory of one training step of ``case`` in this process (see the module docstring)."""
     torch.set_num_threads(case.get("threads", 1))
     dev = torch.device(case.get("device", "cpu"))
-    step = make_step(ModelConfig.from_dict(case["cfg"]), case["batch"], case["seq"], dev, case.get("amp", False))
-    step()  # warm-up: AdamW state, allocator pools
+    step = make_step(ModelConfig.from_dict(case["cfg"]), case["batch"], case["seq"], dev, case.get("amp", False),
+                     case.get("compile"))
+    step()  # warm-up: AdamW state, allocator pools, the compiled graphs
     gc.collect()
     if dev.type == "cuda":
         torch.cuda.synchronize()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-CSV_FIELDS = ["router", "impl", "depth_mix", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio",
+CSV_FIELDS = ["router", "impl", "depth_mix", "compile", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio",
               "ratio_lo", "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict",
               "peak_mb", "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops", "body_gflops",
               "routing_mb", "bw_gbs", "bw_floor_pct", "reps"]
@@ -41,6 +41,7 @@ def _machine(info: dict) -> list[str]:
     L.append(f"| load average at start / end | {', '.join(f'{x:.1f}' for x in info['load_start'])} / "
              f"{', '.join(f'{x:.1f}' for x in info['load_end'])} |")
     L.append(f"| batch x sequence, vocab | {info['batch']} x {info['seq']}, {info['vocab']} |")
+    L.append(f"| torch.compile rows | {info.get('compile', 'none')} |")
     L.append(f"| run time | {info['seconds']:.0f} s |")
     return L
 
@@ -64,16 +65,22 @@ def _method(info: dict) -> str:
             "3 x its forward FLOPs over that time. "
             "Rows with a `depth mix` are the paper's peer architectures over the none router (Table 17: "
             "DenseFormer, Hyper-Connections), without a target; their `FLOP %` is the depth mix's own FLOPs. "
-            "Optimizer: AdamW with lime_arch's parameter groups, fused kernel.")
+            "Optimizer: AdamW with lime_arch's parameter groups, fused kernel. "
+            "`compile`: `eager`, or the torch.compile mode of the model's forward (Inductor; `lime bench "
+            "--compile MODE`), every variant and its `none` compiled alike: the paper's Table 17 setting. "
+            "Compiled, the routing runs as opaque custom ops (the same kernels as eager), so `alone %` is "
+            "the eager routing's time over the compiled `none` step.")
 
 
 def _step_table(rows: list[dict]) -> list[str]:
     L = ["## Training step (like the paper's Table 17)", "",
-         "| router | depth mix | shape | impl | step ms | wall ms | ratio | 95% CI | ratio (min) | overhead % | "
-         "FLOP % | target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | bw floor % |",
-         "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+         "| router | depth mix | shape | impl | compile | step ms | wall ms | ratio | 95% CI | ratio (min) | "
+         "overhead % | FLOP % | target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | "
+         "bw floor % |",
+         "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         L.append(f"| {r['router']} | {r.get('depth_mix', 'none')} | {r['shape']} | {r['impl']} | "
+                 f"{r.get('compile', 'eager')} | "
                  f"{r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
                  f"{r['ratio']:.3f} | {r['ratio_lo']:.3f}-{r['ratio_hi']:.3f} | {r['ratio_min']:.3f} | "
                  f"{r['overhead_pct']:+.1f} | {r['flop_overhead_pct']:.2f} | "
@@ -93,7 +100,8 @@ def _bound_notes(rows: list[dict]) -> list[str]:
               "model, minus `none`'s; `orchestrator/bench/alone.py`) already costs more than the target, at the "
               "GFLOP/s its small products reach here (M = KV heads rows) against the whole step's:", ""]
         for r in kb:
-            L.append(f"- {r['router']} @ {r['shape']}: alone {r['alone_pct']:.1f}% of none's step, routing at "
+            L.append(f"- {r['router']} @ {r['shape']} {r.get('compile', 'eager')}: alone {r['alone_pct']:.1f}% of "
+                     f"none's step, routing at "
                      f"{_f(r.get('routing_gflops'))} GFLOP/s vs the step's {r['body_gflops']:.1f} > target "
                      f"{r['target_pct']:.1f}% (in the step: {r['overhead_pct']:+.1f}%).")
     bound = [r for r in rows if r.get("verdict") == "fail: bandwidth-bound"]
@@ -101,7 +109,8 @@ def _bound_notes(rows: list[dict]) -> list[str]:
         L += ["", "Bandwidth-bound rows (the routing's traffic alone, at the measured memory bandwidth, "
               "exceeds the FLOP-based target):", ""]
         for r in bound:
-            L.append(f"- {r['router']} @ {r['shape']}: {r['routing_mb']:.0f} MB/step at {r['bw_gbs']:.1f} GB/s -> "
+            L.append(f"- {r['router']} @ {r['shape']} {r.get('compile', 'eager')}: {r['routing_mb']:.0f} MB/step at "
+                     f"{r['bw_gbs']:.1f} GB/s -> "
                      f"{r['bw_floor_pct']:.1f}% of none's {r['step_ms']/r['ratio']:.0f} ms step "
                      f"> target {r['target_pct']:.1f}% (measured {r['overhead_pct']:+.1f}%).")
     return L

@@ -9,7 +9,12 @@ per step at the measured bandwidth; the same for the naive peer (full routing wi
 ``routing_impl="concat"``, the paper's concatenation); the same for the paper's peer
 architectures (``none+denseformer``, ``none+hyper-connections``: depth mixes over the none router,
 the analogue of its Table 17, without a target); and the decode speed of none, full and
-first-4. ``targets.py`` gives the verdicts, ``outputs.py`` writes the files.
+first-4. ``targets.py`` gives the verdicts, ``outputs.py`` writes the files. With a compile mode
+(``compile``: ``default``, ``reduce-overhead``) every shape is timed a second time with every
+variant's forward compiled (Inductor), ``none`` included, and those rows (``compile`` column) sit
+beside the eager ones: the setting of the paper's Table 17. The routing alone is the same kernels
+compiled or not (the routing runs as opaque ops under compile) and is measured once; decode stays
+eager.
 
 CPU runs fp32 with one thread by default (OpenMP barriers under oversubscription make
 multi-threaded timings meaningless on a shared 2-core box); CUDA runs bf16 autocast with
@@ -90,15 +95,23 @@ class _Setup:
     batch: int
     seq: int
     bw: float  # measured streaming bandwidth, GB/s
+    compile: str | None = None  # a torch.compile mode: compiled rows beside the eager ones
 
-    def case(self, cfg, with_amp: bool = True) -> dict:
+    def case(self, cfg, with_amp: bool = True, compile_mode: str | None = None) -> dict:
         """A memory worker's case (JSON-able); the quick run's in-process cases leave out ``amp``."""
         out = {"cfg": cfg.to_dict(), "batch": self.batch, "seq": self.seq, "threads": self.threads,
                "device": self.dev.type}
+        if compile_mode is not None:
+            out["compile"] = compile_mode
         return {**out, "amp": self.amp} if with_amp else out
 
 
-def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float) -> dict:
+def _mode(row: dict) -> str | None:
+    """A row's torch.compile mode, None for eager."""
+    return None if row["compile"] == "eager" else row["compile"]
+
+
+def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float, mode: str | None = None) -> dict:
     """One row of ``bench.csv`` (plus the config, dropped before returning)."""
     base_ms = timed["none"]["step_ms"]
     fl = flops_per_token(cfg, s.seq)
@@ -108,7 +121,7 @@ def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float) -> di
     floor_ms = None if traffic is None else 1e3 * traffic / (s.bw * 1e9)
     tokens = s.batch * s.seq
     router, impl, depth_mix = split_label(lab)
-    return {"router": router, "impl": impl, "depth_mix": depth_mix,
+    return {"router": router, "impl": impl, "depth_mix": depth_mix, "compile": mode or "eager",
             "label": lab, "shape": sh.name, "n_layers": sh.n_layers, "kv_heads": sh.n_kv_heads,
             **timed[lab], "overhead_pct": 100 * (timed[lab]["ratio"] - 1),
             "flop_overhead_pct": 100 * flop_overhead(cfg, s.seq), "flops_per_token": fl["total"],
@@ -120,15 +133,18 @@ def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float) -> di
 
 
 def _shape_rows(s: _Setup, sh: Shape, labels: list[str], memory_on: bool) -> list[dict]:
-    """Time every label of one shape (paired steps, then the routing alone) and build its rows."""
+    """Time every label of one shape (paired steps, eager and, with a compile mode, compiled; then
+    the routing alone) and build its rows."""
     if s.quick:
         sh = Shape(sh.name, sh.n_layers, sh.n_kv_heads, 1)
-    timed = time_shape(sh, labels, s.dev, s.threads, s.amp, s.batch, s.seq,
-                       warmup=1 if s.quick or sh.n_layers >= 64 else 2, hwm=s.quick and memory_on)
+    modes = [None] if s.compile is None else [None, s.compile]
+    timed = {mode: time_shape(sh, labels, s.dev, s.threads, s.amp, s.batch, s.seq,
+                              warmup=1 if s.quick or sh.n_layers >= 64 else 2, hwm=s.quick and memory_on,
+                              compile_mode=mode) for mode in modes}
     cfgs = {lab: bench_cfg(sh, lab, s.dev, s.seq) for lab in labels}
     reps = 1 if s.quick else max(3, 160 // sh.n_layers)
     alone = time_alone(cfgs, s.batch, s.seq, s.dev, reps, clock(s.dev, s.threads)[0])
-    return [_row(s, sh, lab, cfg, timed, alone[lab]) for lab, cfg in cfgs.items()]
+    return [_row(s, sh, lab, cfg, timed[mode], alone[lab], mode) for mode in modes for lab, cfg in cfgs.items()]
 
 
 def _add_memory(s: _Setup, rows: list[dict], sub) -> None:
@@ -136,29 +152,33 @@ def _add_memory(s: _Setup, rows: list[dict], sub) -> None:
     high-water marks ``time_shape`` took (the subprocess path once, for the first none, in ``sub``);
     otherwise a fresh subprocess per case."""
     if s.quick:
-        mems = [r.pop("_peak") or mem.measure_in_process(s.case(r["cfg"], with_amp=False)) for r in rows]
+        mems = [r.pop("_peak") or mem.measure_in_process(s.case(r["cfg"], False, _mode(r))) for r in rows]
     else:
-        mems = mem.measure_many([s.case(r["cfg"]) for r in rows], workers=1 if s.dev.type == "cuda" else 2)
+        mems = mem.measure_many([s.case(r["cfg"], True, _mode(r)) for r in rows],
+                                workers=1 if s.dev.type == "cuda" else 2)
     for r, m in zip(rows, mems):
         r.update(peak_mb=m["peak_mb"], step_mb=m["step_mb"], mem_method=m["method"])
     if sub is not None:
         rows[0]["subprocess_peak_mb"] = mem.finish_subprocess(sub)["peak_mb"]
     for row in rows:
-        base = next(r for r in rows if r["shape"] == row["shape"] and r["label"] == "none")
+        base = next(r for r in rows if r["shape"] == row["shape"] and r["label"] == "none"
+                    and r["compile"] == row["compile"])
         row["mem_ratio"] = row["peak_mb"] / base["peak_mb"]
 
 
 def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False, *, device: str | None = None,
               threads: int | None = 1, shapes: tuple[Shape, ...] | None = None,
               routers: Sequence[str] | None = None, memory: bool = True, decode: bool = True,
-              depth_mixes: Sequence[str] = DEPTH_MIXES) -> dict:
+              depth_mixes: Sequence[str] = DEPTH_MIXES, compile: str | None = None) -> dict:
     """Run the benchmark, write ``bench.md``, ``bench.csv`` and ``decode.csv`` under ``out_dir``.
 
     ``routers``: router specs (default: every registered router, ``shapes.bench_routers``); ``none``
     and the peer are always added; ``depth_mixes``: the peer architectures, each a ``none+<depth mix>``
     row (default DenseFormer and Hyper-Connections, the paper's Table 17). ``quick``: tiny shapes,
-    one repetition, memory in-process except one subprocess case. Returns ``{"paths": [...],
-    "rows": [...], "decode": [...], "checks": [...], "machine": {...}}``."""
+    one repetition, memory in-process except one subprocess case. ``compile``: a torch.compile mode
+    (``default``, ``reduce-overhead``; None or ``none``: eager only) whose rows are added beside the
+    eager ones. Returns ``{"paths": [...], "rows": [...], "decode": [...], "checks": [...],
+    "machine": {...}}``."""
     t_start = time.perf_counter()
     dev = device_of(device)
     if threads and dev.type == "cpu":
@@ -170,7 +190,8 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     malloc = steady_malloc() if dev.type == "cpu" and not quick else False
     load0 = os.getloadavg()
     batch, seq = (QUICK_BATCH, QUICK_SEQ) if quick else (BATCH, SEQ)
-    s = _Setup(dev, threads, dev.type == "cuda", quick, batch, seq, mem.measure_bandwidth(32 if quick else 256))
+    s = _Setup(dev, threads, dev.type == "cuda", quick, batch, seq, mem.measure_bandwidth(32 if quick else 256),
+               None if compile in (None, "none") else compile)
     # quick: the subprocess path once, for the first shape's none, overlapping the timing
     sub = mem.start_subprocess(s.case(bench_cfg(shapes[0], "none", dev, seq))) if memory and quick else None
     rows = [row for sh in shapes for row in _shape_rows(s, sh, labels, memory)]
@@ -185,6 +206,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     info = machine_info(dev, threads)
     info.update(bandwidth_gbs=s.bw, steady_malloc=malloc, load_start=load0, load_end=os.getloadavg(),
                 clock=clock(dev, threads)[1], batch=batch, seq=seq, vocab=VOCAB, quick=quick,
+                compile=s.compile or "none",
                 seconds=time.perf_counter() - t_start)
     chk = checks(rows, dec)
     paths = write_outputs(Path(out_dir), rows, dec, chk, info)

@@ -19,6 +19,10 @@ DEPTH_MIXES = ("denseformer", "hyper-connections")
 VOCAB, BATCH, SEQ = 2048, 2, 64
 QUICK_BATCH, QUICK_SEQ = 1, 16
 DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4"), (1, 8)
+# torch.compile modes of ``--compile``: "none" runs eager only; a mode adds compiled rows beside the
+# eager ones, each paired against ``none`` compiled the same way (the paper's Table 17 was measured
+# compiled with Inductor)
+COMPILE_MODES = ("none", "default", "reduce-overhead")
 
 # Router families run at their declared example argument (first-4: the paper's serving setting,
 # arXiv 2502.09245 Table 18; dilated-8: its Table 15 setting).

@@ -2,7 +2,9 @@
 
 Both the timing (all variants of a shape on one shared decoder body) and the memory worker (a
 standalone model per case, ``make_step``) run the same ``train_step``: forward, cross-entropy,
-backward, AdamW step. CPU runs fp32; CUDA runs bf16 autocast with flash-attn.
+backward, AdamW step. CPU runs fp32; CUDA runs bf16 autocast with flash-attn. With a compile mode
+the forward is ``torch.compile(model, mode=...)`` (Inductor; the routing runs as its custom ops,
+``lime_arch.routing.ops``); the loss and the optimizer step stay eager, as in the trainer.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ def autocast(device: torch.device, amp: bool):
 
 
 def train_step(model, opt, idx, device, amp) -> None:
+    """``model``: the module or its compiled form; ``opt`` holds the module's parameters."""
     with autocast(device, amp):
         logits = model(idx[:, :-1])
     loss = F.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
@@ -62,13 +65,25 @@ def adamw(model):
         return torch.optim.AdamW(groups, betas=(0.9, 0.95), eps=1e-8)
 
 
-def make_step(cfg: ModelConfig, batch: int, seq: int, device: torch.device, amp: bool):
+def compiled(model, mode: str | None, variants: int = 1):
+    """``model`` itself (``mode`` None) or ``torch.compile(model, mode=mode)``. A shared body swaps
+    routers, and Dynamo compiles each variant once (its guards see the router): the recompile limit
+    is raised to hold them all."""
+    if mode is None:
+        return model
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, 2 * variants)
+    return torch.compile(model, mode=mode)
+
+
+def make_step(cfg: ModelConfig, batch: int, seq: int, device: torch.device, amp: bool, compile_mode: str | None = None):
     """A standalone model, optimizer and batch: ``step()`` runs one training step (memory worker)."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
     opt = adamw(model)
+    fwd = compiled(model, compile_mode)
     idx = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
-    return lambda: train_step(model, opt, idx, device, amp)
+    return lambda: train_step(fwd, opt, idx, device, amp)
 
 
 def clock(device: torch.device, threads: int):
@@ -87,13 +102,15 @@ def clock(device: torch.device, threads: int):
 
 class SharedBody:
     """All variants of one shape on one decoder body (same weights); each variant brings its own
-    router, depth mix and AdamW param groups, the body's optimizer state is shared."""
+    router, depth mix and AdamW param groups, the body's optimizer state is shared. ``compile_mode``:
+    the forward compiled (one graph per variant)."""
 
-    def __init__(self, shape: Shape, labels, device, amp, batch, seq):
+    def __init__(self, shape: Shape, labels, device, amp, batch, seq, compile_mode: str | None = None):
         torch.manual_seed(0)
         self.device, self.amp = device, amp
         self.cfgs = {lab: bench_cfg(shape, lab, device, seq) for lab in labels}
         self.model = build_model(self.cfgs[labels[0]]).to(device)
+        self.fwd = compiled(self.model, compile_mode, len(labels))
         self.routers = {lab: build_router(c.router, n_layers=c.n_layers, n_kv_heads=c.kv_heads, head_dim=c.head_dim,
                                           init=c.router_init).to(device) for lab, c in self.cfgs.items()}
         self.mixes = {lab: build_depth_mix(c.depth_mix, n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads,
@@ -112,6 +129,6 @@ class SharedBody:
             if self.state is not None:  # share the body's AdamW state (memory; values are irrelevant)
                 for p in self.body:
                     opt.state[p] = self.state[p]
-        train_step(m, self.opts[label], self.idx, self.device, self.amp)
+        train_step(self.fwd, self.opts[label], self.idx, self.device, self.amp)
         if self.state is None:
             self.state = {p: self.opts[label].state[p] for p in self.body}

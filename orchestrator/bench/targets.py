@@ -31,6 +31,12 @@ def _is_depth_mix(row: dict) -> bool:
     return row.get("depth_mix", "none") != "none"
 
 
+def _where(r: dict) -> str:
+    """``L64-MHA``, or ``L64-MHA compiled (default)`` for a compiled row."""
+    mode = r.get("compile", "eager")
+    return r["shape"] if mode == "eager" else f"{r['shape']} compiled ({mode})"
+
+
 def _verdict(r: dict, t: float) -> str:
     if r["overhead_pct"] <= t:
         return "pass"
@@ -50,7 +56,7 @@ def _step_checks(rows: list[dict]) -> list[dict]:
             r["verdict"] = "peer" if r["impl"] == "concat" or _is_depth_mix(r) else "baseline"
             continue
         r["verdict"] = _verdict(r, t)
-        out.append({"check": f"step time {r['router']} @ {r['shape']}", "value": r["overhead_pct"], "target": t,
+        out.append({"check": f"step time {r['router']} @ {_where(r)}", "value": r["overhead_pct"], "target": t,
                     "ok": r["overhead_pct"] <= t, "note": r["verdict"]})
     return out
 
@@ -62,15 +68,16 @@ def _deep_checks(rows: list[dict]) -> list[dict]:
         if r["router"] != "full" or r["impl"] != "buffer":
             continue
         if r["n_layers"] >= 64:
-            peer = next((p for p in rows if p["shape"] == r["shape"] and p["impl"] == "concat"), None)
+            peer = next((p for p in rows if p["shape"] == r["shape"] and p["impl"] == "concat"
+                         and p.get("compile") == r.get("compile")), None)
             if peer is not None:
                 lim = TARGETS["vs_peer"] * peer["overhead_pct"]
-                out.append({"check": f"full vs naive concat @ {r['shape']}", "value": r["overhead_pct"],
+                out.append({"check": f"full vs naive concat @ {_where(r)}", "value": r["overhead_pct"],
                             "target": lim, "ok": r["overhead_pct"] <= lim,
                             "note": f"naive overhead {peer['overhead_pct']:.1f}%"})
         if r["n_layers"] == 64 and "mem_ratio" in r:
             lim = TARGETS["mem_full_64"]
-            out.append({"check": f"peak memory full @ {r['shape']}", "value": r["mem_ratio"], "target": lim,
+            out.append({"check": f"peak memory full @ {_where(r)}", "value": r["mem_ratio"], "target": lim,
                         "ok": r["mem_ratio"] <= lim, "note": f"{r['peak_mb']:.0f} MB"})
     return out
 

@@ -75,12 +75,13 @@ def _hwm_step(sb: SharedBody, peaks: dict[str, dict]):
 
 
 def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, seq=SEQ, warmup=2,
-               hwm: bool = False) -> dict:
+               hwm: bool = False, compile_mode: str | None = None) -> dict:
     """Per label: CPU/wall step times and paired ratios to none (``paired_times``).
     ``hwm``: also the resident high-water mark of one step per label, in this process (the quick
-    run's cheap stand-in for the per-case subprocess), under the key ``_peak``."""
+    run's cheap stand-in for the per-case subprocess), under the key ``_peak``. ``compile_mode``:
+    every variant (none included) compiled that way; the warm-up steps compile."""
     clk, _ = clock(device, threads)
-    sb = SharedBody(shape, list(labels), device, amp, batch, seq)
+    sb = SharedBody(shape, list(labels), device, amp, batch, seq, compile_mode)
     for _ in range(warmup):
         for lab in labels:
             sb.step(lab)

@@ -11,9 +11,11 @@ import argparse
 import lime_arch
 import orchestrator.bench
 from lime_arch.errors import ConfigError
-from orchestrator.bench.shapes import SHAPES_BY_NAME
+from orchestrator.bench.shapes import COMPILE_MODES, SHAPES_BY_NAME, bench_routers
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger
+
+PROFILE_SHAPES = ("L64-MHA", "L128-MHA")  # lime bench --profile's default shapes
 
 
 def add_arguments(ap: argparse.ArgumentParser) -> None:
@@ -28,6 +30,14 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     "those taking an integer as first-4, last-4, dilated-8, others <name>-4)")
     ap.add_argument("--depth-mixes", help="comma-separated depth mixes benchmarked over the none router, the "
                     "paper's peer architectures (default: denseformer,hyper-connections; 'none' for none of them)")
+    ap.add_argument("--compile", default="none", metavar="MODE",
+                    help="add rows with the model's forward torch.compile'd in this mode beside the eager rows, "
+                         "each paired against none compiled alike (the paper's Table 17 setting): "
+                         + ", ".join(COMPILE_MODES) + " (default none: eager only)")
+    ap.add_argument("--profile", action="store_true",
+                    help="instead of the benchmark: profile the routing alone, product by product, against "
+                         "same-shaped reference GEMMs (profile.md in --out; default shapes L64-MHA,L128-MHA, "
+                         "default routers every learned one)")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
     ap.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
@@ -71,8 +81,11 @@ def options(a: argparse.Namespace) -> dict:
         raise ConfigError(f"bench.device: {a.device!r}; allowed: cpu, cuda")
     if a.threads is not None and a.threads < 1:
         raise ConfigError(f"bench.threads: must be >= 1, got {a.threads}")
+    if a.compile not in COMPILE_MODES:
+        raise ConfigError(f"bench.compile: {a.compile!r}; allowed: {', '.join(COMPILE_MODES)}")
     out = {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
-           "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode}
+           "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode,
+           "compile": None if a.compile == "none" else a.compile}
     mixes = _depth_mixes(getattr(a, "depth_mixes", None))
     return out if mixes is None else {**out, "depth_mixes": mixes}
 
@@ -87,12 +100,14 @@ def print_summary(out: dict) -> None:
 
 def _metrics(out: dict) -> dict[str, float]:
     """Every ratio of every row and decode batch, keyed ``bench/<metric>/<router>.<impl>.<shape>`` (a peer
-    architecture's row: ``...<shape>.<depth mix>``)."""
+    architecture's row: ``...<shape>.<depth mix>``; compiled rows: ``....<mode>``)."""
     metrics = {}
     for r in out["rows"]:
         key = f"{r['router']}.{r['impl']}.{r['shape']}"
         if r.get("depth_mix", "none") != "none":  # the peer architectures' rows (no '+' in MLflow names)
             key += f".{r['depth_mix']}"
+        mode = r.get("compile", "eager")
+        key += "" if mode == "eager" else f".{mode}"
         for m in ("ratio", "overhead_pct", "flop_overhead_pct", "mem_ratio", "alone_pct"):
             if r.get(m) is not None:
                 metrics[f"bench/{m}/{key}"] = float(r[m])
@@ -114,8 +129,21 @@ def _track(out: dict, quick: bool) -> None:
     print(f"MLflow run: {log.run_id} (experiment 'lime-bench')")
 
 
+def cmd_profile(kw: dict) -> int:
+    """``lime bench --profile``: the routing's products against reference GEMMs (CPU)."""
+    if kw["device"] == "cuda":
+        raise ConfigError("bench.profile: profiles the CPU routing; drop --device cuda")
+    shapes = kw["shapes"] or tuple(SHAPES_BY_NAME[n] for n in PROFILE_SHAPES)
+    routers = kw["routers"] or tuple(r for r in bench_routers() if r != "none")
+    out = orchestrator.bench.run_profile(kw["out_dir"], routers, shapes, threads=kw["threads"] or 1)
+    print(f"wrote {out['path']} (large GEMM {out['large_gflops']:.1f} GFLOP/s)")
+    return 0
+
+
 def cmd_bench(args) -> int:
     kw = options(args)  # ConfigError -> one line, exit 2, before anything runs
+    if args.profile:
+        return cmd_profile(kw)
     out = orchestrator.bench.run_bench(**kw)
     print_summary(out)
     if not args.no_track:

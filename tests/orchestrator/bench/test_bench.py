@@ -2,8 +2,10 @@
 a speed."""
 import csv
 
+import pytest
 import torch
 
+from orchestrator.bench import step
 from orchestrator.bench.run import run_bench
 from orchestrator.bench.shapes import DEPTH_MIXES, PEER, QUICK_SHAPES, bench_routers
 from orchestrator.bench.timing import median_ci, paired_times
@@ -70,3 +72,36 @@ def test_paired_times_put_every_variant_between_two_baseline_steps():
     assert seq[:5] == ["none", "a", "none", "b", "none"] and seq[5:10] == ["none", "b", "none", "a", "none"]
     assert ratios["a"] == [1.5] * 3 and ratios["b"] == [0.5] * 3 and ratios["none"] == [1.0] * 3
     assert len(times["none"]) == 9 and times["a"] == [3.0] * 3
+
+
+def _compiled_quick_run(tmp_path, compile_mode="default"):
+    out = run_bench(out_dir=tmp_path, quick=True, shapes=(QUICK_SHAPES[1],), routers=("first-4",), decode=False,
+                    compile=compile_mode)
+    with open(tmp_path / "bench.csv") as f:
+        rows = list(csv.DictReader(f))
+    labels = {(r["router"], r["impl"], r["compile"]) for r in rows}
+    assert labels == {(r, i, c) for r, i in (("none", "buffer"), ("first-4", "buffer"), ("full", "concat"))
+                      for c in ("eager", compile_mode)}
+    for r in rows:
+        assert float(r["step_ms"]) > 0 and float(r["peak_mb"]) > 0
+        if r["router"] == "none" and r["depth_mix"] == "none":
+            assert float(r["ratio"]) == 1.0 and float(r["mem_ratio"]) == 1.0  # each against its own none
+    checks = [c["check"] for c in out["checks"]]
+    assert f"step time first-4 @ L3-GQA compiled ({compile_mode})" in checks and "step time first-4 @ L3-GQA" in checks
+    assert out["machine"]["compile"] == compile_mode
+    assert "| first-4 | none | L3-GQA | buffer | default |" in (tmp_path / "bench.md").read_text()
+    return rows
+
+
+def test_quick_bench_with_compiled_rows(tmp_path, monkeypatch):
+    """Compiled rows beside the eager ones, each paired against none compiled alike. Inductor's
+    C++ build takes minutes here, so this run compiles with Dynamo and AOTAutograd only (the
+    graphs Inductor would get); the slow test below runs Inductor."""
+    real = torch.compile
+    monkeypatch.setattr(step.torch, "compile", lambda model, mode=None: real(model, backend="aot_eager"))
+    _compiled_quick_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_quick_bench_compiled_with_inductor(tmp_path):
+    _compiled_quick_run(tmp_path)

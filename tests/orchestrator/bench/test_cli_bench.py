@@ -12,6 +12,7 @@ BAD = [
     (["--threads", "0"], "bench.threads"),
     (["--device", "tpu"], "bench.device"),
     (["--depth-mixes", "denseformer,densformer"], "bench.depth_mixes"),
+    (["--compile", "max"], "bench.compile"),
 ]
 
 
