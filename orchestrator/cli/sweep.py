@@ -46,11 +46,11 @@ def _dry_run(spec, address: str | None, add: int) -> str:
     except ConfigError as e:
         if add and "--add-seeds" in str(e):
             raise
-        text = _before_last(dry_run_text(spec, address), f"warning: a run would refuse: {e}")
-        return _before_last(text, dry_run_block(spec))
-    text = dry_run_text(p.spec, address)
-    text = _before_last(text, p.message) if p.message else text
-    return _before_last(text, dry_run_block(p.spec))  # what the design can show (lime plan has the rest)
+        text = _before_last(dry_run_text(spec, address), dry_run_block(spec))
+        return _before_last(text, f"warning: a run would refuse: {e}")
+    # what the design can show (lime plan has the rest), then what a run would do to the sweep
+    text = _before_last(dry_run_text(p.spec, address), dry_run_block(p.spec))
+    return _before_last(text, p.message) if p.message else text
 
 
 def _before_last(text: str, line: str) -> str:

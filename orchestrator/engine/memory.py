@@ -39,9 +39,22 @@ def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
     """Unique storages of the tensors: data pointer -> bytes."""
     out = {}
     for t in tensors:
-        s = t.untyped_storage()
-        out[s.data_ptr()] = s.nbytes()
+        s = _storage(t)
+        if s is not None:
+            out[s.data_ptr()] = s.nbytes()
     return out
+
+
+def _storage(t: torch.Tensor):
+    """The storage holding ``t``'s data on this process; a sharded (FSDP2 DTensor) parameter's is its
+    local shard; None for tensor subclasses without one."""
+    local = t.to_local() if hasattr(t, "to_local") else t
+    try:
+        s = local.untyped_storage()
+        s.data_ptr()
+    except RuntimeError:
+        return None
+    return s
 
 
 class SavedBytes:
@@ -53,8 +66,8 @@ class SavedBytes:
         self.seen: dict[int, int] = {}
 
     def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        if s.data_ptr() not in self.exclude and s.device.type != "meta":
+        s = _storage(t)
+        if s is not None and s.data_ptr() not in self.exclude and s.device.type != "meta":
             self.seen[s.data_ptr()] = s.nbytes()
         return t
 
