@@ -169,6 +169,15 @@ def _1b_gqa() -> dict[str, Any]:
     return {**_1b(), "n_kv_heads": 8}  # 1.07607B parameters
 
 
+@register_preset("360m")
+def _360m() -> dict[str, Any]:
+    # The SmolLM2-360M shape of the paper's matched 360M comparison (its Table 6): 32 layers of
+    # width 960, 15 heads sharing 5 KV heads, FFN 2560, tied 49,152-token vocabulary, RoPE theta
+    # 1e5; 361.8M parameters.
+    return {**_base(), "vocab_size": 49_152, "d_model": 960, "n_layers": 32, "n_heads": 15, "n_kv_heads": 5,
+            "ffn_dim": 2560, "max_seq_len": 2048, "rope_theta": 100_000.0, "init_std": PAPER_INIT_STD}
+
+
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """The named preset with any field overridden."""
     if name not in PRESETS:

@@ -5,7 +5,8 @@ from lime_arch import ConfigError, build_model, flops_per_token, param_counts, p
 
 
 @pytest.mark.parametrize("name,target,tol", [
-    ("150m", 150e6, 0.05), ("1b", 1.17674e9, 0.01), ("1b-gqa", 1.07607e9, 0.01)])
+    ("150m", 150e6, 0.05), ("1b", 1.17674e9, 0.01), ("1b-gqa", 1.07607e9, 0.01),
+    ("360m", 361.82e6, 0.001)])  # SmolLM2-360M: 361,821,120 with its tied 49,152 vocabulary
 def test_preset_parameter_targets(name, target, tol):
     assert abs(param_counts(preset(name))["total"] - target) / target <= tol
 
