@@ -100,7 +100,8 @@ def test_paper_sweep_axes_match_the_paper():
     assert set(g["router-structure-150m"]["router"]) == {"none", "full", "no-head-mix", "per-dim"}
     assert set(g["deep-routing-128"]["router"]) == {"none", "full", "dilated-8", "dilated-16", "first-7", "first-15"}
     assert set(g["depth-scaling"]["router"]) == {"none", "full"}
-    assert [float(v) for v in g["router-lr"]["router_lr_mult"]] == [1, 2, 3, 4] and len(g["router-lr"]["seed"]) == 7  # the planner's count (paper: 5)
+    # router-lr: the planner's 7 seeds (the paper ran 5)
+    assert [float(v) for v in g["router-lr"]["router_lr_mult"]] == [1, 2, 3, 4] and len(g["router-lr"]["seed"]) == 7
     rl = load_spec(ROOT / "sweeps" / "router-lr.yaml")
     assert rl.report.axis == "router_lr_mult" and float(rl.report.baseline) == 1
 
