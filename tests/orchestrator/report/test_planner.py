@@ -67,8 +67,10 @@ def test_plan_sizes_with_the_simulated_power():
 def test_lime_plan_command(capsys):
     assert main(["plan", str(SWEEPS / "router-ablation-150m.yaml")]) == 0
     out = capsys.readouterr().out
-    assert "9 values of router x 3 seed(s)" in out and "8 comparison(s)" in out
-    assert "8 comparison(s) need at least 9 seeds per arm" in out
+    assert "9 values of router x 9 seed(s)" in out and "8 comparison(s)" in out
+    # 9 seeds (the planner's count in the file) reach the paired tests' alpha after Holm over 8
+    assert "paired permutation (the verdicts)         0.00391    0.0312     yes" in out
+    assert "no verdict can be" not in out
     assert "level of final/val_loss: 2.801 (the paper's baseline, Table 12" in out
     for bad, msg in ((["--sigma", "0"], "--sigma must be > 0"), (["--effect", "1.5"], "--effect is relative"),
                      (["--power", "1"], "--power must be between 0 and 1"),
@@ -83,5 +85,5 @@ def test_dry_run_prints_the_block(capsys):
     assert main(["sweep", "run", str(SWEEPS / "aet-cpu.yaml"), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "dry run: nothing was started" in out
-    assert "plan: 2 values of router x 4 seed(s), baseline none, 1 comparison(s)" in out
+    assert "plan: 2 values of router x 6 seed(s), baseline none, 1 comparison(s)" in out
     assert "final/accuracy (higher is better)" in out

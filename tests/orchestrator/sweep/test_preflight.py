@@ -92,8 +92,8 @@ def test_the_dry_run_shows_the_sweep_a_run_would_launch(tmp_path, monkeypatch, c
     before = sorted(p.name for p in (results / "ray" / "default").iterdir())
     assert main(["sweep", "run", str(path), "--dry-run", "--add-seeds", "2"]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert "router=full,seed=5" in "\n".join(out) and out[-1] == "dry run: nothing was started"
-    assert out[-2].startswith("seeds 4, 5 added: 6 new trials in Ray experiment ")
+    assert "router=full,seed=9" in "\n".join(out) and out[-1] == "dry run: nothing was started"
+    assert out[-2].startswith("seeds 8, 9 added: 6 new trials in Ray experiment ")
     doc["base"]["train"]["steps"] += 1
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     assert main(["sweep", "run", str(path), "--dry-run"]) == 0
