@@ -39,7 +39,11 @@ def _depth_mix_cases() -> list[str]:
     """Depth mixes (a second registry beside the routers) when this library has one: each composed
     with ``full`` routing as ``full+<mix>``; none until that registry exists."""
     specs = getattr(lime_arch, "depth_mix_specs", None)
-    return [f"full+{m}" for m in specs()] if callable(specs) else []
+    # Dynamo traces the peers' stream mixing layer by layer: 20-70 s per case for DenseFormer and
+    # HC on 2 cores, so those run with the slow tests (make test-all); the others stay in make test
+    heavy = ("denseformer", "hyper-connections")
+    return [pytest.param(f"full+{m}", marks=pytest.mark.slow) if m.startswith(heavy) else f"full+{m}"
+            for m in specs()] if callable(specs) else []
 
 
 MODEL_CASES = [*router_specs(), "full/concat", *_depth_mix_cases()]
