@@ -145,8 +145,10 @@ def shape_problem(rungs: list[Rung], x: str) -> str | None:
                 f"{num(two_se(i, j), 2)}); a decreasing power law does not describe it")
     drop = means[0] - means[-1]
     if drop <= two_se(0, len(rs) - 1):
-        return (f"the curve is flat: the metric falls by {num(drop, 3)} from {rs[0].label} to {rs[-1].label}, "
-                f"within 2 standard errors ({num(two_se(0, len(rs) - 1), 2)})")
+        change = means[-1] - means[0]
+        return (f"the curve is flat: {num(means[0], 4)} at {rs[0].label} -> {num(means[-1], 4)} at {rs[-1].label}, "
+                f"a change of {'+' if change > 0 else ''}{num(change, 3)}, not a fall beyond 2 standard errors "
+                f"({num(two_se(0, len(rs) - 1), 2)})")
     return None
 
 
@@ -168,6 +170,10 @@ def precheck(rungs: list[Rung], kind: str, mode: str, min_rungs: int) -> str | N
         return (f"{distinct} rung(s) for {len(PARAMS[kind])} parameters ({names}); the fit needs >= {min_rungs}"
                 + (" (parameters + 1)" if min_rungs == _min_rungs(kind) else ""))
     if kind == "ND":
+        few = [w for w, c in (("N", "n"), ("D", "d")) if len({r.get(c) for r in rungs}) < 3]
+        if few:  # with two values an exponent and its amplitude trade off freely
+            return (f"{' and '.join(few)} take(s) fewer than 3 distinct values; each exponent needs >= 3 to be "
+                    "separated from its amplitude")
         return None
     return shape_problem(rungs, cols[0])
 

@@ -126,6 +126,10 @@ def depth_views(lines: list[Line], samples: list[dict], mode: str) -> list[Depth
     return out
 
 
+def _layers(d: int) -> str:
+    return f"{d} layer" if d == 1 else f"{d} layers"
+
+
 def statements(v: DepthView, metric: str, mode: str) -> list[str]:
     """The view's findings in words."""
     base, var, d_max = v.base.label, v.line.label, v.deepest
@@ -134,12 +138,12 @@ def statements(v: DepthView, metric: str, mode: str) -> list[str]:
     if v.match is None:
         best = min((r for r in v.rows if r.var is not None and r.depth <= d_max),
                    key=lambda r: r.var.mean * (1 if mode == "min" else -1), default=None)
-        tail = f"; its best is {num(best.var.mean, 4)} at {best.depth} layers" if best else ""
+        tail = f"; its best is {num(best.var.mean, 4)} at {_layers(best.depth)}" if best else ""
         lines.append(f"`{var}` does not reach `{base}`'s {d_max}-layer {metric} ({num(top.mean, 4)}) at any "
                      f"depth up to {d_max}{tail}.")
     else:
         d, diff, ci = v.match
-        where = "at the same depth only" if d == d_max else f"at {d} layers ({d_max / d:g}x shallower)"
+        where = "at the same depth only" if d == d_max else f"at {_layers(d)} ({d_max / d:g}x shallower)"
         noise = ("the interval includes 0: a match within noise" if ci[0] <= 0 <= ci[1]
                  else "beyond noise")
         lines.append(f"`{var}` matches `{base}`'s {d_max}-layer {metric} ({num(top.mean, 4)}) {where}: "
@@ -147,7 +151,7 @@ def statements(v: DepthView, metric: str, mode: str) -> list[str]:
                      f"{num(ci[1], 3)}]; {noise}).")
         if v.beats is not None:
             lines.append(f"The smallest depth at which `{var}` is better than `{base}` at {d_max} layers beyond "
-                         f"noise (CI excluding 0): {v.beats} layers.")
+                         f"noise (CI excluding 0): {_layers(v.beats)}.")
         else:
             lines.append(f"At no depth is `{var}` better than `{base}` at {d_max} layers beyond noise.")
     if v.trend is not None:

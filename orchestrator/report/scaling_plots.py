@@ -26,9 +26,14 @@ from orchestrator.report.scaling_fit import multiplier  # noqa: E402
 __all__ = ["plot_scaling"]
 
 
-def _log_x(ax) -> None:
-    """Log x axis, labels on the decades only (minor labels overlap over short ranges)."""
+def _log_x(ax, ticks=()) -> None:
+    """Log x axis with ticks at the given values (the first line's rungs): a ladder often spans
+    less than a decade, where the decades alone leave the axis unlabelled."""
     ax.set_xscale("log")
+    ticks = sorted({float(t) for t in ticks if np.isfinite(t) and t > 0})
+    if ticks:
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([f"{t:.2g}" for t in ticks], rotation=30, fontsize=7)
     ax.xaxis.set_minor_formatter(NullFormatter())
 
 
@@ -58,7 +63,7 @@ def _panel(ax, s: Scaling, kind: str, col: str, xlabel: str, metric: str) -> Non
             ax.plot(grid, fit.law.predict(grid), color=color, linewidth=1.4)
             lo, hi = _band(fit, grid)
             ax.fill_between(grid, lo, hi, color=color, alpha=0.2, linewidth=0)
-    _log_x(ax)
+    _log_x(ax, [r.get(col) for r in s.lines[0].line.rungs] if s.lines else ())
     ax.set_xlabel(xlabel)
     ax.set_ylabel(metric)
     ax.grid(True, alpha=0.3)
@@ -86,13 +91,15 @@ def _multiplier_panel(ax, s: Scaling) -> None:
         ax.scatter(cs, [x[2] if math.isfinite(x[2]) else np.nan for x in v.at], color=color, s=14, zorder=3)
         drawn = True
     ax.axhline(1.0, color="0.4", linewidth=0.8, linestyle=":")
-    _log_x(ax)
+    _log_x(ax, [c for v in s.versus[:1] for _, c, *_ in v.at])
     ax.set_xlabel("training FLOPs C")
     ax.set_ylabel("effective compute multiplier")
     ax.grid(True, alpha=0.3)
     if drawn:
         ax.legend(fontsize=7)
     else:
+        ax.set_xticks([])
+        ax.set_yticks([])
         ax.text(0.5, 0.5, "no identifiable pair of fits", ha="center", va="center", transform=ax.transAxes)
 
 
@@ -110,5 +117,5 @@ def plot_scaling(s: Scaling, path: str | Path, metric: str, title: str) -> Path:
         _multiplier_panel(axes[-1], s)
         axes[-1].set_title("multiplier vs baseline (band: 95% bootstrap)", fontsize=9)
         fig.suptitle(title, fontsize=10)
-        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.13, top=0.86, wspace=0.28)
+        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.17, top=0.86, wspace=0.28)
         return _save(fig, path)

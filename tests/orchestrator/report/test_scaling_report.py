@@ -218,3 +218,50 @@ def test_depth_view_no_match_is_said():
                         "its best is 2.62 at 8 layers.")
     # differences -0.05, -0.05, +0.02 at log2 depth 1, 2, 3: advantage slope -0.035 per doubling
     assert v.trend[0] == pytest.approx(-0.035)
+
+
+def frame(rows):
+    import pandas as pd
+
+    base = {"status": "finished", "n_layers": 16, "preset": "150m", "steps": 100, "tokens": 1e6,
+            "lr": 1e-3, "flops_per_step": 1.0, "model/params": 1.0}
+    return pd.DataFrame([{**base, **r, "run_id": f"r{i}", "flops": r.get("d_model", 1) * 1e9}
+                         for i, r in enumerate(rows)])
+
+
+def test_lines_absorb_a_width_bundle_and_split_on_other_factors():
+    from orchestrator.report.scaling_data import build_lines, has_size_axis
+
+    rows = [{"router": r, "variant": f"w{w}", "d_model": w, "seed": s, "lr": lr, "final/val_loss": 3.0 - w / 1000}
+            for r in ("none", "full") for w in (256, 512) for s in (0, 1) for lr in (1e-3, 2e-3)]
+    lines = build_lines(frame(rows), "final/val_loss", "router", "none", ["router", "d_model", "lr", "variant"])
+    # the width bundle is the rung; lr splits each router into two lines; the baseline's lines first
+    assert [ln.label for ln in lines] == ["none, lr=0.001", "none, lr=0.002", "full, lr=0.001", "full, lr=0.002"]
+    assert [r.label for r in lines[0].rungs] == ["d_model=256, variant=w256", "d_model=512, variant=w512"]
+    assert lines[0].rungs[1].values == {0: pytest.approx(2.488), 1: pytest.approx(2.488)}
+    assert lines[0].is_baseline and not lines[2].is_baseline and has_size_axis(lines)
+    # a failed trial and a NaN metric are no samples
+    rows += [{"router": "none", "variant": "w1024", "d_model": 1024, "seed": 0, "final/val_loss": float("nan")},
+             {"router": "none", "variant": "w1024", "d_model": 1024, "seed": 1, "final/val_loss": 2.0,
+              "status": "failed"}]
+    from orchestrator.report.plots import finished
+
+    factors = ["router", "d_model", "lr", "variant"]
+    lines = build_lines(finished(frame(rows)), "final/val_loss", "router", "none", factors)
+    assert all(len(ln.rungs) == 2 for ln in lines)
+
+
+def test_chinchilla_fit_when_parameters_and_tokens_vary():
+    ln = Line("none", "none", (), is_baseline=True)
+    for i, (n, d) in enumerate((n, d) for n in (1e6, 4e6, 1.6e7) for d in (1e8, 4e8, 1.6e9)):
+        y = 1.7 + 400.0 / n ** 0.34 + 1000.0 / d ** 0.28
+        ln.rungs.append(Rung((str(i),), f"rung{i}", 6 * n * d, n, d, {0: y, 1: y * 1.001}, {}))
+    two_d = Line("x", "x", (), rungs=[r for r in ln.rungs if r.d < 1e9])
+    assert scaling.fit_line(two_d, "ND", [], "min").reason == (
+        "D take(s) fewer than 3 distinct values; each exponent needs >= 3 to be separated from its amplitude")
+    s = scaling.analyze([ln], "min", n_boot=20)
+    fits = s.lines[0].fits
+    assert set(fits) == {"C", "ND"}
+    nd = fits["ND"]
+    assert nd.reason is None and nd.values()["a"] == pytest.approx(0.34, rel=0.05)
+    assert nd.values()["b"] == pytest.approx(0.28, rel=0.05)
