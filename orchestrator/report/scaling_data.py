@@ -102,11 +102,12 @@ def build_lines(df: pd.DataFrame, metric: str, axis: str, baseline: Any, factors
     others = [c for c in dict.fromkeys(factors) if c not in (axis, "seed", *SIZE_KEYS) and _varies(fin, c)]
     tied = [c for c in others if _tied(fin, c, sizes, axis)]
     rest_cols = [c for c in others if c not in tied]
-    token_label = not any(k in sizes for k in ("steps",)) and _varies(fin, "tokens")
+    token_label = "steps" not in sizes and _varies(fin, "tokens")
     groups: dict[tuple, list] = {}
     for _, r in fin.iterrows():
         lkey = (_text(r[axis]),) + tuple(_text(r[c]) for c in rest_cols)
-        rkey = tuple(_text(r[c]) for c in sizes + tied) + (to_float(r.get("tokens")),)
+        tokens = to_float(r.get("tokens"))
+        rkey = tuple(_text(r[c]) for c in sizes + tied) + (round(tokens) if math.isfinite(tokens) else None,)
         groups.setdefault(lkey, []).append((rkey, r))
     lines = []
     for rows in groups.values():
