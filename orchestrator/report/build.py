@@ -19,6 +19,10 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   metric against depth;
 - plots: loss curves by step and by FLOPs, the final metric per seed, router heatmaps (mean over
   seeds of each run's normalized mean-|w| source map, from the ``router_weights.npz`` artifacts);
+- the iso-FLOP comparison (each variant at the baseline's final FLOP budget) and, when a variant
+  was trained at several sizes, the scaling section (fits, multipliers, hold-out check, depth
+  view; ``orchestrator.report.scaling_report``, whose numbers also go to the parent run as
+  ``scaling/...`` metrics);
 - representation-analysis metrics (``analysis/...``) when runs have them;
 - the compute each variant used, the sweep file, git commits, library versions and seeds.
 
@@ -46,7 +50,7 @@ from orchestrator.core import tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import paired, sections, stats, tables, tuning, verdicts
+from orchestrator.report import paired, scaling_report, sections, stats, tables, tuning, verdicts
 from orchestrator.report.paired_types import PairedAnalysis
 from orchestrator.report.paper import reference_for
 from orchestrator.report.plots import make_plots, mean_router_map, router_map_from_npz
@@ -106,13 +110,18 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
     plots, plot_notes = make_plots(cl, df, data.histories, labels, choice.metric, choice.axis,
                                    [g.value for g in comp.groups], out_dir, data.name)
+    factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
+    scal = scaling_report.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
+                                out_dir, data.name, seed)
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
-                        choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes)
+                        choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes,
+                        scal.lines)
     (out_dir / "report.md").write_text(sections.markdown(report))
 
     if log_to_mlflow:
         if data.parent_run_id:
             cl.log_artifacts(data.parent_run_id, str(out_dir), artifact_path="report")
+            scaling_report.log(cl, data.parent_run_id, scal)
         else:
             print(f"note: sweep {sweep!r} has no parent run; the report is not logged to MLflow",
                   file=sys.stderr)

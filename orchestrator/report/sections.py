@@ -39,11 +39,12 @@ class ReportData:
     ref: PaperRef | None = None
     tuned: tuning.Tuning | None = None
     notes: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)  # sections built elsewhere (iso-FLOP, scaling)
 
 
 def markdown(r: ReportData) -> str:
     parts = (header, results, verdict_section, statistics, tuning_section, paper_section, trials,
-             results_by_depth, plots, analysis, compute, reproducibility)
+             results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
     return "\n".join(line for part in parts for line in part(r)) + "\n"
 
 
@@ -139,6 +140,10 @@ def results_by_depth(r: ReportData) -> list[str]:
         lines += ["", "Verdicts:", "", *pa.verdict_lines(), "", pa.to_markdown().rstrip(), "",
                   c.to_markdown().rstrip(), ""]
     return lines
+
+
+def extra_sections(r: ReportData) -> list[str]:
+    return r.extra
 
 
 def plots(r: ReportData) -> list[str]:
