@@ -20,7 +20,8 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
 - plots: loss curves by step and by FLOPs, the final metric per seed, router heatmaps (mean over
   seeds of each run's normalized mean-|w| source map, from the ``router_weights.npz`` artifacts);
 - representation-analysis metrics (``analysis/...``) when runs have them;
-- the compute each variant used, the sweep file, git commits, library versions and seeds.
+- the compute each variant used, the sweep's efficiency ratio and its trials' start-up
+  (``orchestrator.report.efficiency``), the sweep file, git commits, library versions and seeds.
 
 What is compared (metric, axis, baseline) comes from the sweep's parent run
 (``orchestrator.report.settings``) unless the caller passes ``settings`` (``lime report FILE``);
