@@ -94,6 +94,10 @@ def lines(df: pd.DataFrame, parent_metrics: dict[str, float]) -> list[str]:
                 f"{eff.ideal_s:.1f} s, so sweep wall / (sum of trial wall / slots) = **{eff.ratio:.2f}** (1.00: every "
                 "slot busy with a trial's run all the time; what is above it went to starting workers and trials, "
                 "Ray's scheduling and the last wave)."]
+        first = _finite(df["startup/to_first_step_s"]) if "startup/to_first_step_s" in df.columns else np.zeros(0)
+        if len(first) and eff.sweep_wall_s > eff.ideal_s:
+            out[-1] += (f" Of the {eff.sweep_wall_s - eff.ideal_s:.1f} s above the ideal, the trials' start-up "
+                        f"(sum of to_first_step / slots, below) accounts for about {first.sum() / eff.slots:.1f} s.")
     if rows:
         reused = _finite(df["startup/worker_trial"]) if "startup/worker_trial" in df.columns else np.zeros(0)
         out += ["", f"Start-up of the trials (seconds; {int((reused > 1).sum())} of {len(reused)} trials ran in a "

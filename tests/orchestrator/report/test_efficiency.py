@@ -94,3 +94,12 @@ def test_the_report_shows_the_ratio_from_the_parent_run_and_the_trials(store):
     assert "96.0 s of sweep wall time" in compute and "2 launches" in compute
     assert "240.0 s of trial wall time (4 trials" in compute and "= **0.80**" in compute
     assert "| to_first_step |" in compute and "2 of 4 trials ran in a worker process" in compute
+    assert "above the ideal" not in compute  # 0.80: nothing above it
+
+
+def test_the_start_up_share_of_the_time_above_the_ideal():
+    df = frame(wall_time_s=[60.0, 60.0], **{"startup/to_first_step_s": [6.0, 2.0]})
+    text = "\n".join(efficiency.lines(df, {"sweep/wall_s": 70.0, "sweep/slots": 2.0}))
+    assert "= **1.17**" in text  # 70 / (120 / 2)
+    assert "Of the 10.0 s above the ideal, the trials' start-up (sum of to_first_step / slots, below) accounts " \
+           "for about 4.0 s." in text
