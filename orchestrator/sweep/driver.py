@@ -8,6 +8,10 @@
   ``results``); each trial folder also holds the trial's own log (``trial.log``).
 - Every trial is ``orchestrator.sweep.trial``'s trainable around the engine's ``run_trial``;
   a retried or resumed trial continues from its newest checkpoint and keeps its MLflow run.
+  Tune reuses worker processes across trials (``reuse_actors``; ``LIME_REUSE_WORKERS=0``: a
+  fresh process per trial), restored experiments too.
+- The parent run gets the sweep's wall time (Tune's fit, summed over launches), the slots (trials
+  at once), Ray's start and the launch count (``sweep/*``): the report's efficiency ratio.
 - MLflow (``orchestrator.sweep.runs``): one parent run per sweep (its id is kept in
   ``<results>/ray/<sweep>/lime_sweep.json`` so it survives driver restarts), one child run per
   trial. Runs left ``RUNNING`` by a killed driver are closed on the next start and at the end;
