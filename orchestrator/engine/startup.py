@@ -9,11 +9,13 @@ the first log point, as ``startup/<phase>_s``:
                  later) to the trial function: Ray's worker start, its imports, ours; 0 when the
                  process ran a trial before (a reused worker)
   import         the part of ``process`` spent importing the project (torch, lime_arch, ...)
-  prepare        resetting a reused process, finding the newest checkpoint and the MLflow run
-  data           building the data (0 for a reused worker that built the same data config)
-  model          model, optimizer, validation batches
-  resume         loading a checkpoint (0 for a fresh start)
-  mlflow         MLflow client, experiment, run (created or continued), params
+  prepare        resetting the process for the trial (``prepare_process``)
+  resume         finding and loading the newest checkpoint (~0 for a fresh start)
+  mlflow         MLflow client, experiment, the trial's earlier runs, its run (created or
+                 continued) and params
+  data           building the data (~0 for a reused worker that built the same data config)
+                 and the validation batches
+  model          model and optimizer
   to_first_step  from the trial's start (the process's start for a fresh worker, the function's
                  entry for a reused one) to the end of the first step's backward
 
@@ -25,8 +27,7 @@ each the state of a fresh process wherever the state can change a result or a me
 ``prepare_process`` restores the process's first torch thread count (a trial's ``train.threads``
 is process-global), clears torch.compile's caches (compiled code of an earlier model; its
 recompile limit would otherwise send a later trial to eager), collects the last trial's garbage
-(cheap: the imports' objects are frozen out of the collector's sight at the first trial)
-and resets the peak-memory counters (``perf/peak_mem_mb`` is the peak since the trial started,
+(the imports' objects are frozen out of the collector's sight at the first trial) and resets the peak-memory counters (``perf/peak_mem_mb`` is the peak since the trial started,
 not since the process did). Seeds, RNG states and the routing buffers need nothing: every trial
 seeds everything at set-up, and the routing pool hands out uninitialised tensors that are always
 written before they are read (which is why a resumed trial equals an uninterrupted one).
@@ -52,7 +53,6 @@ from orchestrator.engine.data import make_batches
 from orchestrator.engine.trainer import Hook, Trainer
 
 PREFIX = "startup/"
-PHASES = ("process", "import", "prepare", "data", "model", "resume", "mlflow", "to_first_step")
 
 
 class StartupClock:
