@@ -27,8 +27,9 @@ each the state of a fresh process wherever the state can change a result or a me
 ``prepare_process`` restores the process's first torch thread count (a trial's ``train.threads``
 is process-global), clears torch.compile's caches (compiled code of an earlier model; its
 recompile limit would otherwise send a later trial to eager), collects the last trial's garbage
-(the imports' objects are frozen out of the collector's sight at the first trial) and resets the peak-memory counters (``perf/peak_mem_mb`` is the peak since the trial started,
-not since the process did). Seeds, RNG states and the routing buffers need nothing: every trial
+(the imports' objects are frozen out of the collector's sight at the first trial) and resets
+the peak-memory counters (``perf/peak_mem_mb`` is the peak since the trial started, not since
+the process did). Seeds, RNG states and the routing buffers need nothing: every trial
 seeds everything at set-up, and the routing pool hands out uninitialised tensors that are always
 written before they are read (which is why a resumed trial equals an uninterrupted one).
 ``shared_data`` keeps the last data object a process built, so a reused worker does not rebuild
