@@ -25,7 +25,7 @@ from orchestrator.core.fmt import num, table
 PHASES = (
     ("process", "a fresh worker process's start: Ray's worker, the imports (0 in a reused worker)"),
     ("import", "of which importing torch, lime_arch and the orchestrator"),
-    ("prepare", "resetting a reused worker's process state"),
+    ("prepare", "resetting the process for the trial"),
     ("resume", "finding and loading the newest checkpoint (0 for a fresh start)"),
     ("mlflow", "MLflow client, experiment, run and params"),
     ("data", "building the data (0 when a reused worker has it)"),
