@@ -57,6 +57,10 @@ class MLflowHook(Hook):
         self.logger: RunLogger | None = None
 
     def on_start(self, t: Trainer) -> None:
+        with t.timed("mlflow"):
+            self._open(t)
+
+    def _open(self, t: Trainer) -> None:
         mcfg, cfg = t.mcfg, t.cfg
         tags = {"router": mcfg.router, "preset": cfg.preset, "n_layers": mcfg.n_layers, "seed": cfg.train.seed,
                 "git_sha": git_sha(), "status": TrialStatus.RUNNING.value, **self.tags}

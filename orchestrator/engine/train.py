@@ -52,10 +52,11 @@ def trial_hooks(cfg: TrialConfig, tracking: Tracking, on_log: Callable | None = 
 
 def run_trial(cfg: TrialConfig, *, tracking: Tracking | None = None, resume: str | Path | None = None,
               on_log: Callable[[int, dict, str | None], None] | None = None,
-              stop_at: int | None = None, hooks: Iterable[Hook] = ()) -> TrialResult:
+              stop_at: int | None = None, hooks: Iterable[Hook] = (), data: Any = None) -> TrialResult:
     """Train one trial. ``on_log(step, metrics, checkpoint_dir)`` is called at every log point
     (``checkpoint_dir`` when a checkpoint was just written); ``stop_at`` ends early with a
-    checkpoint, as an interruption would; ``hooks`` run after the standard ones."""
+    checkpoint, as an interruption would; ``hooks`` run after the standard ones; ``data``: a data
+    object built already (``orchestrator.engine.startup.shared_data``), else the config's is built."""
     tracking = tracking or Tracking()
-    trainer = Trainer(cfg, [*trial_hooks(cfg, tracking, on_log), *hooks], run_id=tracking.run_id)
+    trainer = Trainer(cfg, [*trial_hooks(cfg, tracking, on_log), *hooks], data=data, run_id=tracking.run_id)
     return trainer.run(resume=resume, stop_at=stop_at)

@@ -51,7 +51,8 @@ class Hook:
     A hook gets the ``Trainer`` (``t``): ``t.cfg``, ``t.mcfg`` (resolved model config), ``t.data``,
     ``t.model``, ``t.fwd`` (the callable the loop runs: the model, or its compiled form),
     ``t.optimizer``, ``t.scheduler``, ``t.device``, ``t.step``, ``t.run_id``, ``t.resumed``,
-    ``t.history``, ``t.ckpt_dir``. Hooks run in list order at every phase.
+    ``t.history``, ``t.ckpt_dir``, ``t.timings`` (start-up phases, seconds). Hooks run in list
+    order at every phase.
     """
 
     def on_start(self, t: Trainer) -> None:
@@ -130,7 +131,17 @@ class Trainer:
         cfg.validate()
         self.cfg, self.hooks = cfg, list(hooks)
         self.step, self.run_id, self.history, self.resumed = 0, run_id, [], False
+        self.timings: dict[str, float] = {}  # seconds of the start-up phases (orchestrator.engine.startup)
         self._setup(data)
+
+    @contextlib.contextmanager
+    def timed(self, phase: str):
+        """Add the block's wall time to ``timings[phase]``."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - start
 
     # -- setup and resume ------------------------------------------------------------------------
     def _setup(self, data: Any) -> None:
@@ -138,16 +149,19 @@ class Trainer:
         if tr.threads:
             torch.set_num_threads(tr.threads)
         seed_everything(tr.seed)
-        self.data = make_batches(self.cfg.data) if data is None else data
-        self.mcfg = self.cfg.model_config(vocab_size=self.data.vocab_size)
-        self.device = pick_device(tr.device)
-        self.model = build_model(self.mcfg).to(self.device)
-        self.fwd = torch.compile(self.model) if tr.compile else self.model
-        self.optimizer, self.scheduler = make_optimizer(self.model, self.cfg.optim, tr.steps)
+        with self.timed("data"):
+            self.data = make_batches(self.cfg.data) if data is None else data
+        with self.timed("model"):
+            self.mcfg = self.cfg.model_config(vocab_size=self.data.vocab_size)
+            self.device = pick_device(tr.device)
+            self.model = build_model(self.mcfg).to(self.device)
+            self.fwd = torch.compile(self.model) if tr.compile else self.model
+            self.optimizer, self.scheduler = make_optimizer(self.model, self.cfg.optim, tr.steps)
         cuda = self.device.type == "cuda"
         self.autocast = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
         self.ckpt_dir = Path(tr.checkpoint_dir) if tr.checkpoint_dir else Path(tempfile.mkdtemp(prefix="lime-ckpt-"))
-        self.val = self.data.val_batches(tr.batch_size, tr.seq_len, tr.eval_batches)
+        with self.timed("data"):
+            self.val = self.data.val_batches(tr.batch_size, tr.seq_len, tr.eval_batches)
         self.tokens_per_step = tr.batch_size * tr.seq_len * tr.grad_accum
 
     def resume(self, path: str | Path) -> None:
@@ -174,7 +188,8 @@ class Trainer:
         """Train to ``train.steps`` (or ``stop_at``: stop there with a checkpoint, as an
         interruption would) and finish."""
         if resume is not None:
-            self.resume(resume)
+            with self.timed("resume"):
+                self.resume(resume)
         try:
             self._call("on_start")
             status = self._train(stop_at)

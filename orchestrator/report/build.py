@@ -24,7 +24,8 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   view; ``orchestrator.report.scaling_report``, whose numbers also go to the parent run as
   ``scaling/...`` metrics);
 - representation-analysis metrics (``analysis/...``) when runs have them;
-- the compute each variant used, the sweep file, git commits, library versions and seeds.
+- the compute each variant used, the sweep's efficiency ratio and its trials' start-up
+  (``orchestrator.report.efficiency``), the sweep file, git commits, library versions and seeds.
 
 What is compared (metric, axis, baseline) comes from the sweep's parent run
 (``orchestrator.report.settings``) unless the caller passes ``settings`` (``lime report FILE``);

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -65,6 +65,7 @@ class SweepRuns:
     histories: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]  # run id -> key -> (steps, values)
     duplicates: list[dict[str, Any]]
     notes: list[str]
+    parent_metrics: dict[str, float] = field(default_factory=dict)  # the latest parent run's (sweep/wall_s, ...)
 
 
 def _lookup(params: dict[str, Any], tags: dict[str, str], key: str) -> Any:
@@ -212,7 +213,8 @@ def collect_runs(found: FoundRuns, metric: str, cl) -> SweepRuns:
     parent = found.parent
     return SweepRuns(found.name, found.tracking_uri, found.experiment_ids,
                      parent.info.run_id if parent else None, [p.info.run_id for p in found.parents],
-                     frame, histories, duplicates, list(found.notes))
+                     frame, histories, duplicates, list(found.notes),
+                     dict(parent.data.metrics) if parent else {})
 
 
 def load_runs(name: str, metric: str = DEFAULT_METRIC, cl=None) -> SweepRuns:

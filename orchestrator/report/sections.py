@@ -10,7 +10,7 @@ import pandas as pd
 
 from orchestrator.core.fmt import cell_text, norm_value, num, order_key, same_value
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import fidelity, power, stats, tables, tuning, verdicts
+from orchestrator.report import efficiency, fidelity, power, stats, tables, tuning, verdicts
 from orchestrator.report.paired_types import PairedAnalysis
 from orchestrator.report.paper import PaperRef
 from orchestrator.report.runs import SweepRuns
@@ -165,7 +165,8 @@ def analysis(r: ReportData) -> list[str]:
 def compute(r: ReportData) -> list[str]:
     return (["", "## Compute", ""] + tables.compute_table(r.df, r.labels)
             + ["", "All trials count, failed and diverged included (steps actually reached). Tokens = "
-               "steps x batch x seq_len x grad_accum; wall time = run end - run start in MLflow."])
+               "steps x batch x seq_len x grad_accum; wall time = run end - run start in MLflow."]
+            + efficiency.lines(r.df, r.data.parent_metrics))
 
 
 def reproducibility(r: ReportData) -> list[str]:

@@ -8,6 +8,10 @@
   ``results``); each trial folder also holds the trial's own log (``trial.log``).
 - Every trial is ``orchestrator.sweep.trial``'s trainable around the engine's ``run_trial``;
   a retried or resumed trial continues from its newest checkpoint and keeps its MLflow run.
+  Tune reuses worker processes across trials (``reuse_actors``; ``LIME_REUSE_WORKERS=0``: a
+  fresh process per trial), restored experiments too.
+- The parent run gets the sweep's wall time (Tune's fit, summed over launches), the slots (trials
+  at once), Ray's start and the launch count (``sweep/*``): the report's efficiency ratio.
 - MLflow (``orchestrator.sweep.runs``): one parent run per sweep (its id is kept in
   ``<results>/ray/<sweep>/lime_sweep.json`` so it survives driver restarts), one child run per
   trial. Runs left ``RUNNING`` by a killed driver are closed on the next start and at the end;
@@ -35,7 +39,7 @@ from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
 from orchestrator.sweep.trial import make_trainable
 from orchestrator.sweep.view import experiment_dir, upper_corner
-from orchestrator.sweep.workers import trials_that_fit, tune_resources
+from orchestrator.sweep.workers import concurrent_slots, reuse_workers, trials_that_fit, tune_resources
 
 log = logging.getLogger(__name__)
 
@@ -94,9 +98,10 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     log = exp_dir / connect.DRIVER_LOG
     started = False
     try:
+        t0 = time.monotonic()
         with connect.output_to(log):
             started = connect.start_ray(address, uri=uri, num_cpus=num_cpus, timeout=timeout, log=log)
-        return _run(spec, uri, exp_dir, state, address, log, status_every)
+        return _run(spec, uri, exp_dir, state, address, log, status_every, time.monotonic() - t0)
     finally:
         if started:
             import ray
@@ -106,7 +111,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
 
 
 def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | None, log: Path,
-         status_every: float) -> dict:
+         status_every: float, ray_start_s: float) -> dict:
     cl, exp_id, parent, stale, before = _open_tracking(spec, uri, exp_dir, state)
     metric = spec.search.metric if spec.search else spec.report.metric
     mode = spec.search.mode if spec.search else spec.report.mode
@@ -116,7 +121,8 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
     print(f"sweep {spec.name}: {spec.n_trials()} trials, {r.cpu:g} CPU / {r.gpu:g} GPU each{workers}, Ray "
           f"{'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} (experiment {spec.name}, "
           f"parent run {parent}){resumed}; Ray's own log {log}", flush=True)
-    ctx = {"uri": uri, "parent_run_id": parent, "exp_dir": str(exp_dir), "metric": metric}
+    # launched: the trials' clocks count a fresh worker's start from here at the earliest
+    ctx = {"uri": uri, "parent_run_id": parent, "exp_dir": str(exp_dir), "metric": metric, "launched": time.time()}
     fitting = False
     try:
         view = _live_view(spec, metric, mode, status_every)
@@ -126,7 +132,10 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
         with connect.output_to(log):
             grid = tuner.fit()
         elapsed = time.monotonic() - t0
+        _log_wall(cl, parent, spec, elapsed, ray_start_s, int(state.get("launches", 0)) + 1)
     except BaseException as e:  # nothing may stay RUNNING: the parent and any started trial
+        if fitting:
+            _log_wall(cl, parent, spec, time.monotonic() - t0, ray_start_s, int(state.get("launches", 0)) + 1)
         if fitting or before is None:
             end_run(cl, parent, TrialStatus.KILLED if isinstance(e, KeyboardInterrupt) else TrialStatus.FAILED)
         else:  # nothing ran: the parent goes back to what it was (a finished sweep stays finished)
@@ -154,6 +163,22 @@ def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
     stale = close_stale_runs(cl, exp_id, parent)
     os.environ["MLFLOW_TRACKING_URI"] = uri
     return cl, exp_id, parent, stale, before
+
+
+def _log_wall(cl, parent: str, spec: SweepSpec, elapsed: float, ray_start_s: float, launch: int) -> None:
+    """The parent run's ``sweep/wall_s`` (Tune's fit, summed over the launches), ``sweep/slots``
+    (trials that run at once), ``sweep/ray_start_s`` and ``sweep/launches``: the report's
+    efficiency ratio. Never fails the sweep."""
+    try:
+        import ray
+
+        prior = cl.get_run(parent).data.metrics.get("sweep/wall_s", 0.0) if launch > 1 else 0.0
+        slots = concurrent_slots(spec, ray.cluster_resources() if ray.is_initialized() else {}, spec.n_trials())
+        for key, value in (("sweep/wall_s", prior + elapsed), ("sweep/slots", slots),
+                           ("sweep/ray_start_s", ray_start_s), ("sweep/launches", launch)):
+            cl.log_metric(parent, key, float(value), step=launch)
+    except Exception as e:  # noqa: BLE001 - a timing metric never fails a sweep
+        log.warning("sweep wall time not logged: %s", e)
 
 
 def _status_of(cl, run_id: str | None) -> TrialStatus | None:
@@ -199,6 +224,8 @@ def _one_tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):
                           "the sweep over") from None
     with contextlib.suppress(AttributeError):  # the view stored in tuner.pkl is replaced by this one
         tuner._local_tuner._run_config.callbacks = [view]
+    with contextlib.suppress(AttributeError):  # as is the worker reuse of the launch that saved it
+        tuner._local_tuner._tune_config.reuse_actors = reuse_workers()
     return tuner
 
 
@@ -206,7 +233,7 @@ def _new_tuner(spec: SweepSpec, trainable, exp_dir: Path, view):
     from ray import tune
 
     tc: dict[str, Any] = dict(trial_name_creator=TrialNamer(spec), trial_dirname_creator=TrialNamer(spec, True),
-                              max_concurrent_trials=spec.max_concurrent)
+                              max_concurrent_trials=spec.max_concurrent, reuse_actors=reuse_workers())
     if spec.resources.workers > 1 and spec.max_concurrent is None:
         import ray
 

@@ -11,6 +11,13 @@ carries the MLflow run id, so a retried or resumed trial keeps its run), and tra
   whose rank 0 logs to MLflow and whose reports reach Tune the same way.
 
 The trial's MLflow run is tagged with the Ray node that ran it (``ray_node_id``, ``host``).
+
+Worker reuse (``reuse_actors``, ``orchestrator.sweep.workers.reuse_workers``): one process runs
+several trials in turn. Each attempt first resets what a trial changes in the process
+(``orchestrator.engine.startup.prepare_process``) and reuses the data object of the last trial
+with the same data config; everything else is built again. The attempt's start-up phases go to
+its MLflow run as ``startup/*`` metrics, and ``trial/wall_s`` (the seconds the trial's attempts
+spent in their workers, a fresh worker's start included) when the attempt ends.
 """
 from __future__ import annotations
 
@@ -25,11 +32,19 @@ from pathlib import Path
 
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
+from orchestrator.engine.startup import StartupClock, StartupHook, prepare_process, shared_data, worker_clock
 from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.sweep import IMPORT_T0
 from orchestrator.sweep.reporting import newest_checkpoint, objective, output_to, reporter
 from orchestrator.sweep.runs import child_runs, end_run
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.workers import fit_workers
+
+IMPORT_S = time.perf_counter() - IMPORT_T0  # what importing the project cost this process
+WALL = "trial/wall_s"
+# Ray waits this long for a trial's thread to end before it reuses the process (default 2 s); a
+# trial that Ray stops closes its MLflow run first, which can take longer on a busy machine
+THREAD_TIMEOUT_ENV = "TUNE_FUNCTION_THREAD_TIMEOUT_S"
 
 
 # -- the trial (runs in a Ray worker) -------------------------------------------------------------------
@@ -45,36 +60,51 @@ def make_trainable(spec: SweepSpec, ctx: dict):
 def _trial_main(spec: SweepSpec, ctx: dict, config: dict) -> None:
     from ray import tune
 
+    clock = worker_clock(ctx.get("launched"), IMPORT_S)
+    os.environ.setdefault(THREAD_TIMEOUT_ENV, "60")  # read in this process when Ray reuses it
+    run_attempt(spec, ctx, config, tune.get_context().get_trial_name(), tune, clock)
+
+
+def run_attempt(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, tune, clock: StartupClock) -> None:
+    """One attempt of a trial in this process (``tune``: Ray Tune's API, or a stand-in in tests)."""
     os.environ["MLFLOW_TRACKING_URI"] = ctx["uri"]
-    trial_id = tune.get_context().get_trial_name()
     trial_dir = Path(ctx["exp_dir"]) / trial_dirname(trial_id)
     with output_to(trial_dir / "trial.log"):
         print(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} trial {trial_id} (pid {os.getpid()}, Ray node "
-              f"{_node_id()} on {socket.gethostname()})", flush=True)
+              f"{_node_id()} on {socket.gethostname()}; trial {clock.worker_trial} of this worker process)",
+              flush=True)
         try:
-            _train(spec, ctx, config, trial_id, trial_dir, tune)
+            with clock.phase("prepare"):
+                prepare_process(clock.worker_trial)
+            _train(spec, ctx, config, trial_id, trial_dir, tune, clock)
         except BaseException:
             traceback.print_exc()
             raise
 
 
-def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: Path, tune) -> None:
+def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: Path, tune,
+           clock: StartupClock) -> None:
     cfg = spec.trial_config(config)
     work = Path(tempfile.mkdtemp(prefix="lime-trial-"))
     cfg.train.checkpoint_dir = str(work / "ckpt")
+    cl, run_id, step = None, None, 0
     try:
-        resume, ck_state, ck_src = newest_checkpoint(tune.get_checkpoint(), trial_dir, work)
-        cl = client(ctx["uri"])
-        exp_id = experiment_id(spec.name, cl)
+        with clock.phase("resume"):
+            resume, ck_state, ck_src = newest_checkpoint(tune.get_checkpoint(), trial_dir, work)
+        with clock.phase("mlflow"):
+            cl = client(ctx["uri"])
+            exp_id = experiment_id(spec.name, cl)
         run_id = ck_state.get("run_id") if ck_state else None
-        start = int(ck_state["step"]) if ck_state else 0
+        step = start = int(ck_state["step"]) if ck_state else 0
         base = {"start_step": start, "trial": trial_id, "steps_total": cfg.train.steps}
-        if run_id is not None and _report_finished(cl, run_id, {**base, "step": start}, ctx["metric"], tune):
-            return
-        if run_id is None:  # a fresh start: a run left by an attempt that never checkpointed would duplicate steps
-            for old in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
-                print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
-                cl.delete_run(old.info.run_id)
+        with clock.phase("mlflow"):
+            if run_id is not None and _report_finished(cl, run_id, {**base, "step": start}, ctx["metric"], tune):
+                run_id = None  # nothing ran: no wall time to add
+                return
+            if run_id is None:  # a fresh start: a run left by an attempt that never checkpointed would duplicate steps
+                for old in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
+                    print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
+                    cl.delete_run(old.info.run_id)
         print(f"{'resuming from step ' + str(start) if resume else 'starting'}; config: "
               f"{json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
         tags = {"sweep": spec.name, "trial_id": trial_id, "sweep_role": "trial", "ray_node_id": _node_id(),
@@ -86,23 +116,41 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
         latest: dict[str, float] = {}
         if spec.resources.workers > 1:  # Ray Train's workers report to Tune themselves, the last time too
             res = fit_workers(spec, ctx, cfg, tracking, base, trial_dir, (ck_src or resume) if resume else None)
+            run_id, step = res["run_id"] or run_id, res["step"]
             print(f"{res['status']} at step {res['step']}: final/val_loss={res.get('final/val_loss')} "
                   f"MLflow run {res['run_id']}", flush=True)
             return
+        with clock.phase("data"):
+            data = shared_data(cfg.data)
+        hook = StartupHook(clock)
         try:
-            res = run_trial(cfg, tracking=tracking, resume=resume,
+            res = run_trial(cfg, tracking=tracking, resume=resume, data=data, hooks=[hook],
                             on_log=reporter(base, latest, ctx["metric"], work, tune))
         except SystemExit:  # Ray stopped the trial (scheduler, or the sweep was interrupted)
             print("stopped by Ray", flush=True)
             for run in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
                 end_run(cl, run.info.run_id, TrialStatus.STOPPED)
             raise
+        finally:
+            run_id, step = hook.run_id or run_id, max(step, hook.step)
         print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run {res.run_id}",
               flush=True)
         tune.report({**base, "step": res.step, "status": str(res.status), "run_id": res.run_id or "", **latest,
                      "objective": objective(latest, ctx["metric"])})
     finally:
+        log_wall(cl, run_id, clock, step)
         shutil.rmtree(work, ignore_errors=True)
+
+
+def log_wall(cl, run_id: str | None, clock: StartupClock, step: int) -> None:
+    """Add this attempt's seconds (a fresh worker's start included) to the run's ``trial/wall_s``."""
+    if cl is None or not run_id:
+        return
+    try:
+        prior = cl.get_run(run_id).data.metrics.get(WALL, 0.0)  # the trial's earlier attempts
+        cl.log_metric(run_id, WALL, prior + clock.before + clock.elapsed(), step=step)
+    except Exception as e:  # noqa: BLE001 - a timing metric never fails a trial
+        print(f"note: {WALL} not logged ({type(e).__name__}: {e})", flush=True)
 
 
 def _report_finished(cl, run_id: str, base: dict, metric: str, tune) -> bool:
@@ -124,6 +172,8 @@ def _report_finished(cl, run_id: str, base: dict, metric: str, tune) -> bool:
 def _node_id() -> str:
     import ray
 
+    if not ray.is_initialized():  # outside Ray (tests call the trial directly): asking would start one
+        return "-"
     try:
         return ray.get_runtime_context().get_node_id()
     except Exception:  # noqa: BLE001 - outside Ray (tests call the trial function directly)

@@ -21,19 +21,30 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import types
 from pathlib import Path
 
 from orchestrator.core.status import TrialStatus
 from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.distributed import DistributedHook
+from orchestrator.engine.startup import StartupHook, worker_clock
 from orchestrator.engine.train import Tracking, trial_hooks
 from orchestrator.engine.trainer import Trainer
+from orchestrator.sweep import IMPORT_T0
 from orchestrator.sweep.reporting import objective, output_to, reporter
 from orchestrator.sweep.schema import SweepSpec
 
+IMPORT_S = time.perf_counter() - IMPORT_T0  # what importing the project cost this process
 TRAIN_DIR = "train"  # Ray Train's storage inside the trial folder
 RESULT = "result.json"  # rank 0's final result, read by the trial after the Train run
+REUSE_ENV = "LIME_REUSE_WORKERS"  # 0: a fresh Ray worker process for every trial
+
+
+def reuse_workers() -> bool:
+    """Whether Tune runs a sweep's trials one after another in the same worker processes
+    (``reuse_actors``): on unless ``$LIME_REUSE_WORKERS`` is 0, false, no or off."""
+    return os.environ.get(REUSE_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def tune_resources(spec: SweepSpec) -> dict:
@@ -55,6 +66,23 @@ def trials_that_fit(spec: SweepSpec, cluster: dict) -> int:
     return max(1, min(fits))
 
 
+def concurrent_slots(spec: SweepSpec, cluster: dict, n_trials: int) -> int:
+    """How many trials run at once: ``max_concurrent``, what the cluster's CPUs and GPUs hold
+    (Ray's fixed-point units: 0.1 CPU is 1000 of them) and the number of trials, the least."""
+    r = spec.resources
+    fits = [n_trials]
+    for have, need in ((cluster.get("CPU", 0), r.cpu), (cluster.get("GPU", 0), r.gpu)):
+        if need > 0:
+            fits.append(_units(have) // _units(need * r.workers))
+    if spec.max_concurrent:
+        fits.append(spec.max_concurrent)
+    return max(1, min(fits))
+
+
+def _units(x: float) -> int:
+    return int(round(float(x) * 10_000))
+
+
 def fit_workers(spec: SweepSpec, ctx: dict, cfg: TrialConfig, tracking: Tracking, base: dict, trial_dir: Path,
                 resume: Path | None) -> dict:
     """Run the trial on ``resources.workers`` Ray Train workers; rank 0's final result."""
@@ -67,7 +95,7 @@ def fit_workers(spec: SweepSpec, ctx: dict, cfg: TrialConfig, tracking: Tracking
     result.unlink(missing_ok=True)
     payload = {"config": cfg.to_dict(), "tracking": vars(tracking), "base": base, "metric": ctx["metric"],
                "uri": ctx["uri"], "trial_dir": str(trial_dir), "resume": str(resume) if resume else None,
-               "parallel": r.parallel}
+               "parallel": r.parallel, "launched": ctx.get("launched")}
     per_worker = {"CPU": r.cpu, **({"GPU": r.gpu} if r.gpu else {})}
     trainer = TorchTrainer(
         worker_main, train_loop_config=payload,
@@ -83,6 +111,7 @@ def worker_main(payload: dict) -> None:
     """One Ray Train worker: the engine's trainer on this worker's rows of every global batch."""
     import ray.train
 
+    clock = worker_clock(payload.get("launched"), IMPORT_S)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     os.environ["MLFLOW_TRACKING_URI"] = payload["uri"]
@@ -91,12 +120,12 @@ def worker_main(payload: dict) -> None:
         print(f"rank {rank} of {world} on Ray node {ray.get_runtime_context().get_node_id()}", flush=True)
         work = Path(tempfile.mkdtemp(prefix=f"lime-worker{rank}-"))
         try:
-            _train(payload, rank, world, work, ray.train)
+            _train(payload, rank, world, work, ray.train, clock)
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _train(payload: dict, rank: int, world: int, work: Path, train) -> None:
+def _train(payload: dict, rank: int, world: int, work: Path, train, clock) -> None:
     cfg = TrialConfig.from_dict(payload["config"])
     cfg.train.checkpoint_dir = str(work / "ckpt")
     if cfg.train.device != "cpu" and train.torch.get_device().type == "cuda":
@@ -105,7 +134,8 @@ def _train(payload: dict, rank: int, world: int, work: Path, train) -> None:
     latest: dict[str, float] = {}
     api = types.SimpleNamespace(report=train.report, Checkpoint=train.Checkpoint)
     on_log = reporter(payload["base"], latest, payload["metric"], work, api)
-    hooks = [DistributedHook(rank, world, payload["parallel"]), *trial_hooks(cfg, tracking, on_log)]
+    hooks = [DistributedHook(rank, world, payload["parallel"]), *trial_hooks(cfg, tracking, on_log),
+             StartupHook(clock)]
     res = Trainer(cfg, hooks, run_id=tracking.run_id).run(resume=payload["resume"])
     final = {**payload["base"], "step": res.step, "status": str(res.status), "run_id": res.run_id or "", **latest,
              "objective": objective(latest, payload["metric"])}
