@@ -29,7 +29,9 @@ the tables are ``orchestrator.report.tables``, the markdown ``orchestrator.repor
 
 Determinism: rows are sorted by trial, statistics are seeded, plots have fixed styles and no PNG
 metadata, and the body has no timestamps, so the same runs give byte-identical files.
-The files are also logged to the parent run under the artifact path ``report``.
+The files are also logged to the parent run under the artifact path ``report``, with
+``report.html``: the same report with its plots embedded, which MLflow's artifact viewer renders
+(``orchestrator.report.html``).
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
 from orchestrator.report import paired, sections, stats, tables, tuning, verdicts
+from orchestrator.report.html import write_html
 from orchestrator.report.paired_types import PairedAnalysis
 from orchestrator.report.paper import reference_for
 from orchestrator.report.plots import make_plots, mean_router_map, router_map_from_npz
@@ -100,7 +103,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
 
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "summary.csv"]:
+    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv"]:
         old.unlink(missing_ok=True)
     rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
@@ -109,6 +112,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
                         choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes)
     (out_dir / "report.md").write_text(sections.markdown(report))
+    write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
     if log_to_mlflow:
         if data.parent_run_id:

@@ -27,7 +27,7 @@ from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.train import Tracking, run_trial
 from orchestrator.sweep.reporting import newest_checkpoint, objective, output_to, reporter
-from orchestrator.sweep.runs import child_runs, end_run
+from orchestrator.sweep.runs import child_runs, end_run, trial_extras
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.workers import fit_workers
 
@@ -81,8 +81,9 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
                 "host": socket.gethostname(), **{k: v for k, v in config.items() if not k.startswith("__")}}
         if spec.resources.workers > 1:
             tags.update(workers=spec.resources.workers, parallel=spec.resources.parallel)
+        colour, params = trial_extras(spec, config)  # the dashboard's run colour, the variant as a param
         tracking = Tracking(experiment=spec.name, run_id=run_id, parent_run_id=ctx["parent_run_id"],
-                            run_name=trial_id, tags=tags)
+                            run_name=trial_id, tags={**tags, **colour}, params=params)
         latest: dict[str, float] = {}
         if spec.resources.workers > 1:  # Ray Train's workers report to Tune themselves, the last time too
             res = fit_workers(spec, ctx, cfg, tracking, base, trial_dir, (ck_src or resume) if resume else None)
