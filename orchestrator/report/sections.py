@@ -39,12 +39,17 @@ class ReportData:
     ref: PaperRef | None = None
     tuned: tuning.Tuning | None = None
     notes: list[str] = field(default_factory=list)
+    search: list[str] = field(default_factory=list)  # a search sweep's "Search" section
 
 
 def markdown(r: ReportData) -> str:
-    parts = (header, results, verdict_section, statistics, tuning_section, paper_section, trials,
+    parts = (header, search_section, results, verdict_section, statistics, tuning_section, paper_section, trials,
              results_by_depth, plots, analysis, compute, reproducibility)
     return "\n".join(line for part in parts for line in part(r)) + "\n"
+
+
+def search_section(r: ReportData) -> list[str]:
+    return r.search
 
 
 def header(r: ReportData) -> list[str]:
