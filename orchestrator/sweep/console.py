@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from orchestrator.core.status import TrialStatus
-from orchestrator.sweep.runs import RAY_DONE, RAY_ERROR
+from orchestrator.sweep.runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.view import fmt_time as _fmt_time
 
@@ -89,6 +89,7 @@ class LiveView:
         self.current: dict[str, float] = {}
         self.best: tuple[float, str] | None = None
         self.ended: dict[str, str] = {}  # trial -> Ray status it ended with in this session
+        self.config_failed: set[str] = set()  # trials that failed on a config mistake (not retried)
         self.eta = Eta()
         self.final_status: dict[str, str] = {}  # trial -> Ray status at the end of the run
 
@@ -146,6 +147,11 @@ class LiveView:
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         n = str(trial)
+        if result.get(CONFIG_ERROR):  # retrying cannot fix the config: the trial fails when it raises
+            trial.max_failures = 0
+            self.config_failed.add(n)
+            self._say(f"FAILED {n}: {result[CONFIG_ERROR]} (not retried; traceback in {trial.path}/trial.log)")
+            return
         step = int(result.get("step", 0) or 0)
         self.progress[n] = step
         clock = result.get("time_total_s")
@@ -180,8 +186,9 @@ class LiveView:
     def on_trial_error(self, iteration, trials, trial, **info):
         self.ended[str(trial)] = RAY_ERROR
         self.eta.end(str(trial))
-        self._say(f"FAILED {trial} after {trial.run_metadata.num_failures} failure(s); see "
-                  f"{trial.path}/trial.log and error.txt")
+        if str(trial) not in self.config_failed:  # that one said why already
+            self._say(f"FAILED {trial} after {trial.run_metadata.num_failures} failure(s); see "
+                      f"{trial.path}/trial.log and error.txt")
         self._status(trials, force=True)
 
     def on_experiment_end(self, trials, **info):

@@ -110,6 +110,8 @@ def _log_best(cl, parent: str, metric: str, value: float, run) -> None:
 
 
 def _print_table(rows: list, metric: str, best) -> None:
+    if not rows:
+        return
     print(f"\n{'trial':<40} {'status':<9} {metric:>16}  MLflow run")
     for r in rows:
         v = r.data.metrics.get(metric)

@@ -28,6 +28,21 @@ WORKER_ENV = (FAULT_ENV, "LIME_CACHE", "LIME_RESULTS", "HF_HOME", "HF_DATASETS_O
 RAY_DONE, RAY_ERROR = "TERMINATED", "ERROR"  # Ray's trial states that end a trial
 
 
+CONFIG_ERROR = "config_error"  # the result key that says a trial failed on a mistake of its config
+
+
+def report_config_error(tune, trial_id: str, exc: BaseException) -> None:
+    """A trial that fails on a ``ConfigError`` (the hub unreachable, a dataset that is not there)
+    says so to the driver before it raises: retrying cannot help, so the driver's live view sets
+    the trial's retries to none (``orchestrator.sweep.console``) and the trial fails at once, its
+    traceback in its ``trial.log``."""
+    try:
+        tune.report({CONFIG_ERROR: str(exc), "trial": trial_id, "step": 0, "status": TrialStatus.FAILED.value,
+                     "objective": float("nan")})
+    except Exception:  # noqa: BLE001 - outside Tune (tests call the trial directly): nothing to tell
+        pass
+
+
 def end_run(cl, run_id: str, status: TrialStatus) -> None:
     """Close a run: what happened as its ``status`` tag, MLflow's status from it."""
     cl.set_tag(run_id, "status", status.value)

@@ -23,11 +23,12 @@ import time
 import traceback
 from pathlib import Path
 
+from lime_arch import ConfigError
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.train import Tracking, run_trial
 from orchestrator.sweep.reporting import newest_checkpoint, objective, output_to, reporter
-from orchestrator.sweep.runs import child_runs, end_run, trial_extras
+from orchestrator.sweep.runs import child_runs, end_run, report_config_error, trial_extras
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.workers import fit_workers
 
@@ -53,8 +54,10 @@ def _trial_main(spec: SweepSpec, ctx: dict, config: dict) -> None:
               f"{_node_id()} on {socket.gethostname()})", flush=True)
         try:
             _train(spec, ctx, config, trial_id, trial_dir, tune)
-        except BaseException:
+        except BaseException as e:
             traceback.print_exc()
+            if isinstance(e, ConfigError):  # the config's mistake: no retry can help
+                report_config_error(tune, trial_id, e)
             raise
 
 
