@@ -61,6 +61,9 @@ class Browser:
         self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
         self.page("Page.enable")
         self.page("Runtime.enable")
+        # frames in other processes (a sandboxed iframe, such as MLflow's artifact viewer) attach
+        # as sessions of their own: ``frame_eval`` evaluates in them
+        self.page("Target.setAutoAttach", autoAttach=True, waitForDebuggerOnStart=False, flatten=True)
         self.page("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
                   mobile=False)
 
@@ -111,6 +114,24 @@ class Browser:
         if "exceptionDetails" in res:
             raise BrowserError(f"{expression[:60]}: {res['exceptionDetails'].get('text')}")
         return res.get("result", {}).get("value")
+
+    def frame_eval(self, expression: str) -> list:
+        """``expression`` in every frame attached as a session of its own (out-of-process iframes)."""
+        self.eval("1")  # read the events that arrived meanwhile
+        attached = {e["params"]["sessionId"]: e["params"]["targetInfo"] for e in self._events
+                    if e.get("method") == "Target.attachedToTarget"}
+        detached = {e["params"].get("sessionId") for e in self._events
+                    if e.get("method") == "Target.detachedFromTarget"}
+        out = []
+        for sid, info in attached.items():
+            if sid in detached or info.get("type") != "iframe":
+                continue
+            try:
+                res = self.call("Runtime.evaluate", sid, expression=expression, returnByValue=True, awaitPromise=True)
+            except BrowserError:
+                continue
+            out.append(res.get("result", {}).get("value"))
+        return out
 
     def text(self) -> str:
         """The page's rendered text (what a reader sees, without markup)."""
