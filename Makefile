@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?= --compile default
 STAMP   := $(VENV)/.installed
 
-.PHONY: install lint test test-cluster test-all gpu-check sweep report bench mlflow-ui clean
+.PHONY: install lint test test-cluster test-all gpu-check dashboard-check sweep report bench mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,12 @@ test-cluster: $(STAMP)
 # CUDA readiness: bf16, flash-attn, allocator peak memory, every router kind eager and compiled
 gpu-check: $(STAMP)
 	@$(BIN)/python -m orchestrator.engine.gpu_check
+
+# the MLflow dashboard of a small sweep in headless Chromium (Debian's package, installed here if missing):
+# runs view, charts, compare page, report.html; screenshots in $${LIME_RESULTS:-results}/dashboard
+dashboard-check: $(STAMP)
+	@test -x /usr/bin/chromium || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	$(BIN)/python tools/dashboard_check.py
 
 test-all: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

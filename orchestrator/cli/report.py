@@ -50,7 +50,8 @@ def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, SweepFil
             "launched sweep's (MLflow)"])
     optional = {k: getattr(spec.report, k) for k in OPTIONAL if getattr(spec.report, k, None) is not None}
     settings = ReportSettings(metric=spec.report.metric, axis=spec.report.axis, baseline=spec.report.baseline,
-                              axes=axis_names(spec.axes()), stated=frozenset(spec.report_stated), **optional)
+                              axes=axis_names(spec.axes()), stated=frozenset(spec.report_stated),
+                              search=axis_names(spec.axes()) if spec.search is not None else (), **optional)
     return spec.name, settings, SweepFile(text=text, source=path.name)
 
 

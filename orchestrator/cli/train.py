@@ -4,14 +4,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import yaml
-
 from lime_arch import ConfigError
+from orchestrator.core import dashboard
+from orchestrator.core.fmt import num
 from orchestrator.core.status import TrialStatus
-from orchestrator.core.tracking import tracking_uri
+from orchestrator.core.tracking import client, tracking_uri
 from orchestrator.engine.config import TrialConfig, parse_set, set_dotted
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.train import Tracking, load_checkpoint, run_trial
+from orchestrator.sweep.files import FileError, read_yaml
 
 
 def trial_from_args(args) -> TrialConfig:
@@ -20,10 +21,10 @@ def trial_from_args(args) -> TrialConfig:
         p = Path(args.config)
         if not p.is_file():
             raise ConfigError(f"--config: file {args.config!r} does not exist")
-        try:
-            d = yaml.safe_load(p.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"--config: {args.config} is not valid YAML ({str(e).splitlines()[0]})") from None
+        try:  # the sweep files' reader: a key given twice is an error, not the last one winning
+            d = read_yaml(p, kind="a trial config")[0] or {}
+        except FileError as e:
+            raise ConfigError(f"--config: {e}") from None
         if not isinstance(d, dict):
             raise ConfigError(f"--config: {args.config} must hold a mapping")
     for flag, key in (("preset", "preset"), ("router", "model.router"), ("data", "data.source"),
@@ -35,8 +36,11 @@ def trial_from_args(args) -> TrialConfig:
     return TrialConfig.from_dict(d)
 
 
+LABELS = {"train/loss": "train loss", "val/loss": "val loss", "train/tokens_per_s": "tokens/s"}
+
+
 class _Progress:
-    """A tqdm bar on a terminal, plain lines otherwise."""
+    """A tqdm bar on a terminal, plain lines otherwise; losses say train or validation."""
 
     def __init__(self, total: int, start: int):
         self.tty = sys.stderr.isatty()
@@ -48,12 +52,12 @@ class _Progress:
         self.last = start
 
     def __call__(self, step: int, m: dict, ck) -> None:
-        parts = {k.split("/")[-1]: v for k, v in m.items() if k in ("train/loss", "val/loss", "train/tokens_per_s")}
+        parts = {label: m[k] for k, label in LABELS.items() if k in m}
         if self.bar:
             self.bar.update(step - self.last)
             self.bar.set_postfix({k: f"{v:.3g}" for k, v in parts.items()})
         else:
-            print(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in parts.items()), flush=True)
+            print(f"step {step}: " + ", ".join(f"{k} {v:.4g}" for k, v in parts.items()), flush=True)
         self.last = step
 
     def close(self) -> None:
@@ -61,22 +65,30 @@ class _Progress:
             self.bar.close()
 
 
+def run_name(cfg: TrialConfig, mcfg) -> str:
+    """What the run is, as its MLflow name: router, preset, seed (and the depth mix unless none)."""
+    name = f"router={mcfg.router},preset={cfg.preset},seed={cfg.train.seed}"
+    return name + (f",depth_mix={mcfg.depth_mix}" if mcfg.depth_mix != "none" else "")
+
+
 def cmd_train(args) -> int:
     cfg = trial_from_args(args)  # every check before any data is read or model built
-    cfg.model_config(vocab_size=make_batches(cfg.data).vocab_size)  # tokenizer/vocab mismatch, empty corpus
+    mcfg = cfg.model_config(vocab_size=make_batches(cfg.data).vocab_size)  # tokenizer/vocab mismatch, empty corpus
     start = 0
     if args.resume:
         start = int(load_checkpoint(args.resume)["step"])
     prog = _Progress(cfg.train.steps, start)
+    tracking = Tracking(experiment=args.experiment, run_name=run_name(cfg, mcfg), enabled=not args.no_track)
     try:
-        res = run_trial(cfg, tracking=Tracking(experiment=args.experiment, enabled=not args.no_track),
-                        resume=args.resume, on_log=prog)
+        res = run_trial(cfg, tracking=tracking, resume=args.resume, on_log=prog)
     finally:
         prog.close()
-    print(f"status: {res.status}  steps: {res.step}  final val loss: {res.final_val_loss}  "
-          f"ppl: {res.final_val_ppl}")
+    print(f"status: {res.status}  steps: {res.step}  final val loss: {num(res.final_val_loss, 4)}  "
+          f"val ppl: {num(res.final_val_ppl, 4)}")
     print(f"checkpoint: {res.checkpoint}")
     if res.run_id:
-        print(f"MLflow run: {res.run_id} (experiment {args.experiment!r}, store {tracking_uri()}); "
-              "open it with `make mlflow-ui` -> http://127.0.0.1:5000")
+        uri = tracking_uri()
+        exp_id = client(uri).get_run(res.run_id).info.experiment_id
+        print(f"MLflow run {res.run_id} ({tracking.run_name}) in experiment {args.experiment!r}, store {uri}")
+        print("\n".join(dashboard.ui_lines(uri, exp_id, run_id=res.run_id)))
     return 0 if res.status is TrialStatus.FINISHED else 1

@@ -20,10 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.dashboard import EXPERIMENT_TAGS
 from orchestrator.core.status import TrialStatus
 
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+# MLflow prints "View run ... at" / "View experiment at" (with emoji) whenever a run on a server
+# ends: once per trial in a sweep, and to the experiment's GenAI overview. The CLI prints its own
+# links to the runs view (orchestrator.core.dashboard).
+os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 
@@ -88,7 +93,8 @@ def experiment_id(name: str, cl=None) -> str:
     if str(uri).startswith("sqlite:"):  # keep artifacts next to the database, not in ./mlruns
         art = (Path(str(uri)[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
     try:
-        return cl.create_experiment(name, artifact_location=art)
+        # a model training experiment: MLflow 3's UI opens it on its runs, not the GenAI overview
+        return cl.create_experiment(name, artifact_location=art, tags=EXPERIMENT_TAGS)
     except Exception:  # noqa: BLE001 - created concurrently by another process
         return cl.get_experiment_by_name(name).experiment_id
 

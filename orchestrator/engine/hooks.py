@@ -2,13 +2,21 @@
 
 ``MLflowHook`` keeps one MLflow run per trial (continued on resume), logs the params once, every
 emitted metric dict at its step, and at the end the resolved config, the router weights and
-their heatmap as artifacts; the run's ``status`` tag is the trial's ``TrialStatus``.
+their heatmap as artifacts; the run's ``status`` tag is the trial's ``TrialStatus``. What the
+dashboard compares is named plainly: the config's aliases (``router``, ``seed``, ``n_layers``,
+``depth_mix``, ``lr``, ...; ``orchestrator.core.keys``) are params beside the dotted keys, a
+per-trial path (``train.checkpoint_dir``) is a tag, not a param, and the end-of-trial numbers
+(``final/*``, ``analysis/*``) are logged at step 0, MLflow's step for a scalar that is no time
+series, so its charts draw them as bars rather than as one dot at the last step.
 ``CallbackHook`` hands every metric dict to ``on_log(step, metrics, checkpoint_dir)`` (the CLI's
 progress bar, the sweep's Ray reporting). ``AnalysisHook`` adds the representation analysis of
-the final model (``train.analyze``) to the final metrics.
+the final model (``train.analyze``) to the final metrics. ``CostHook`` adds the trial's cost as
+two final numbers: ``final/step_time_ms`` (median of ``perf/step_time_ms`` over the run) and
+``final/train_mem_mb`` (max of ``perf/train_mem_mb``, the model's training memory).
 """
 from __future__ import annotations
 
+import statistics
 import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,8 +29,9 @@ from lime_arch import flops_per_token, param_counts
 from orchestrator.analysis.metrics import router_source_map
 from orchestrator.analysis.plots import plot_router_map
 from orchestrator.analysis.run import analyze_model
+from orchestrator.core.keys import ALIASES
 from orchestrator.core.status import TrialStatus
-from orchestrator.core.tracking import RunLogger, git_sha
+from orchestrator.core.tracking import RunLogger, flatten, git_sha
 from orchestrator.engine.trainer import Hook, Trainer
 
 
@@ -45,15 +54,52 @@ class AnalysisHook(Hook):
         return analyze_model(t.model, t.data, sequences=tr.analyze_sequences, seq_len=tr.seq_len).metrics
 
 
+class CostHook(Hook):
+    """The trial's step time and training memory as two final numbers (over the whole run: the
+    history comes back with a resumed checkpoint)."""
+
+    def final_metrics(self, t: Trainer) -> dict[str, float]:
+        out = {}
+        times = _finite(h.get("perf/step_time_ms") for h in t.history)
+        if times:
+            out["final/step_time_ms"] = statistics.median(times)
+        mem = _finite(h.get("perf/train_mem_mb") for h in t.history)
+        if mem:
+            out["final/train_mem_mb"] = max(mem)
+        return out
+
+
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")]
+
+
+SCALAR_PREFIXES = ("final/", "analysis/")  # end-of-trial numbers: logged at step 0
+PATH_PARAMS = ("train.checkpoint_dir",)  # differ per trial and say nothing about it: tags
+
+
+def trial_params(cfg, mcfg, data_info: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(params, tags) of a trial's run: the aliases with their resolved values first (the names a
+    reader compares by), then the flattened config, the resolved model and the data's description;
+    the per-trial paths as tags."""
+    flat = flatten({**cfg.to_dict(), "resolved": {"model": mcfg.to_dict()}, "data_info": data_info})
+    plain = {}
+    for alias, key in ALIASES.items():
+        full = "resolved." + key if key.startswith("model.") else key
+        if full in flat:
+            plain[alias] = flat[full]
+    tags = {k.rsplit(".", 1)[-1]: flat.pop(k) for k in PATH_PARAMS if k in flat}
+    return {**plain, **flat}, {k: v for k, v in tags.items() if v != "None"}
+
+
 class MLflowHook(Hook):
     """One MLflow run per trial: created on start (or continued: ``run_id`` given, or the
     checkpoint's), the params and model size once, metrics at every log point (flushed with
     every checkpoint), artifacts and the final status at the end."""
 
     def __init__(self, experiment: str, *, run_name: str | None = None, parent_run_id: str | None = None,
-                 tags: dict[str, Any] | None = None):
+                 tags: dict[str, Any] | None = None, params: dict[str, Any] | None = None):
         self.experiment, self.run_name, self.parent_run_id = experiment, run_name, parent_run_id
-        self.tags = dict(tags or {})
+        self.tags, self.params = dict(tags or {}), dict(params or {})
         self.logger: RunLogger | None = None
 
     def on_start(self, t: Trainer) -> None:
@@ -68,15 +114,20 @@ class MLflowHook(Hook):
                                 parent_run_id=self.parent_run_id)
         t.run_id = self.logger.run_id
         if not t.resumed:  # a continued run has its params and model size already
-            self.logger.log_params({**cfg.to_dict(), "resolved": {"model": mcfg.to_dict()},
-                                    "data_info": t.data.describe()})
+            params, path_tags = trial_params(cfg, mcfg, t.data.describe())
+            self.logger.log_params({**self.params, **params})
+            self.logger.set_tags(path_tags)
             counts = param_counts(mcfg)
             self.logger.log_metrics({"model/params": counts["total"], "model/router_params": counts["router"],
                                      "model/flops_per_token": flops_per_token(mcfg, cfg.train.seq_len)["total"]},
                                     0, flush=True)
 
     def on_log(self, t: Trainer, step: int, metrics: dict, checkpoint: str | None) -> None:
-        self.logger.log_metrics(metrics, step, flush=checkpoint is not None)
+        scalars = {k: v for k, v in metrics.items() if k.startswith(SCALAR_PREFIXES)}
+        if scalars:
+            self.logger.log_metrics(scalars, 0)
+        series = {k: v for k, v in metrics.items() if k not in scalars}
+        self.logger.log_metrics(series, step, flush=checkpoint is not None)
 
     def on_stop(self, t: Trainer) -> None:
         self.logger.flush()  # the run stays RUNNING: the trial continues on resume

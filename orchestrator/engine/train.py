@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.engine.checkpoint import CKPT_NAME, load_checkpoint, save_checkpoint
 from orchestrator.engine.config import TrialConfig
-from orchestrator.engine.hooks import AnalysisHook, CallbackHook, MLflowHook
+from orchestrator.engine.hooks import AnalysisHook, CallbackHook, CostHook, MLflowHook
 from orchestrator.engine.memory import MemoryHook
 from orchestrator.engine.schedule import lr_multiplier, peak_mem_mb, pick_device, seed_everything
 from orchestrator.engine.trainer import Hook, Trainer, TrialResult, evaluate_loss
@@ -33,16 +33,18 @@ class Tracking:
     parent_run_id: str | None = None
     run_name: str | None = None
     tags: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, Any] = field(default_factory=dict)  # besides the config's (a sweep's variant)
     enabled: bool = True
 
 
 def trial_hooks(cfg: TrialConfig, tracking: Tracking, on_log: Callable | None = None) -> list[Hook]:
     """The standard hooks of a trial, in the order they run: MLflow first, so a metric dict is
-    stored before ``on_log`` reports it (and may raise); the memory metrics come with every log point."""
-    hooks: list[Hook] = [MemoryHook()]
+    stored before ``on_log`` reports it (and may raise); the memory metrics come with every log point,
+    the cost summary (``CostHook``) with the final metrics."""
+    hooks: list[Hook] = [MemoryHook(), CostHook()]
     if tracking.enabled:
         hooks.append(MLflowHook(tracking.experiment, run_name=tracking.run_name,
-                                parent_run_id=tracking.parent_run_id, tags=tracking.tags))
+                                parent_run_id=tracking.parent_run_id, tags=tracking.tags, params=tracking.params))
     if cfg.train.analyze:
         hooks.append(AnalysisHook())
     if on_log is not None:

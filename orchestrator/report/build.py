@@ -12,6 +12,8 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   the unpaired Kruskal-Wallis and Mann-Whitney tests of ``stats.compare``;
 - with ``report.tune``, each variant at its own best value of the tuning axis
   (``orchestrator.report.tuning``);
+- for a search sweep, its configurations against the best one, and the winner named
+  (``orchestrator.report.search``);
 - for a sweep that mirrors a paper result, "paper vs this run" (``orchestrator.report.fidelity``);
 - every trial that is not a sample (failed, diverged, killed, running, no final metric), and
   every duplicate MLflow run of a trial with the run that was kept;
@@ -34,10 +36,13 @@ the tables are ``orchestrator.report.tables``, the markdown ``orchestrator.repor
 
 Determinism: rows are sorted by trial, statistics are seeded, plots have fixed styles and no PNG
 metadata, and the body has no timestamps, so the same runs give byte-identical files.
-The files are also logged to the parent run under the artifact path ``report``.
+The files are also logged to the parent run under the artifact path ``report``, with
+``report.html``: the same report with its plots embedded, which MLflow's artifact viewer renders
+(``orchestrator.report.html``).
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import importlib.util
 import sys
@@ -51,7 +56,8 @@ from orchestrator.core import tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import paired, scaling_report, sections, stats, tables, tuning, verdicts
+from orchestrator.report import paired, scaling_report, search, sections, stats, tables, tuning, verdicts
+from orchestrator.report.html import write_html
 from orchestrator.report.paired_types import PairedAnalysis
 from orchestrator.report.paper import reference_for
 from orchestrator.report.plots import make_plots, mean_router_map, router_map_from_npz
@@ -96,6 +102,8 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     data = collect_runs(found, choice.metric, cl)
     df = _runs_frame(data, choice)
     mode = verdicts.metric_mode(choice.metric, choice.mode)
+    if choice.folded:  # a search: each configuration against the best one
+        choice = dataclasses.replace(choice, baseline=search.best(df, choice.metric, mode), explicit_baseline=True)
     sdf, tuned, notes = _tuned(df, choice, mode)
     comp, by_depth = _compare(sdf, choice, seed)
     blocks = _blocks(sdf, choice)
@@ -105,7 +113,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
 
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "summary.csv"]:
+    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv"]:
         old.unlink(missing_ok=True)
     rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
@@ -114,10 +122,13 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
     scal = scaling_report.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
                                 out_dir, data.name, seed)
+    if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
+        plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
                         choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes,
-                        scal.lines)
+                        scal.lines, search.section(df, choice.folded, choice.metric, mode) if choice.folded else [])
     (out_dir / "report.md").write_text(sections.markdown(report))
+    write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
     if log_to_mlflow:
         if data.parent_run_id:
@@ -133,6 +144,9 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
 
 def _runs_frame(data: SweepRuns, choice: Choice) -> pd.DataFrame:
     """The runs frame with the axis and grid columns; ConfigError for a metric or axis no run has."""
+    if choice.folded:
+        add_key_columns(data.frame, list(choice.folded))
+        search.add_configurations(data.frame, choice.folded)
     add_key_columns(data.frame, [choice.axis] + choice.grid_cols + ([choice.tune] if choice.tune else []))
     df = data.frame.copy()
     if choice.metric not in df.columns:
@@ -154,7 +168,7 @@ def _compare(df: pd.DataFrame, choice: Choice, seed: int) -> tuple[stats.Compari
     if base_note:
         comp.notes.insert(0, base_note)
     by_depth = {}
-    if choice.axis != "n_layers" and _varies(df, "n_layers"):
+    if choice.axis != "n_layers" and "n_layers" not in choice.folded and _varies(df, "n_layers"):
         by_depth = stats.compare_by(df, metric=choice.metric, axis=choice.axis, by="n_layers", baseline=base,
                                     seed=seed, alpha=choice.alpha)
     return comp, by_depth
@@ -182,7 +196,7 @@ def _cells(df: pd.DataFrame, comp: stats.Comparison, choice: Choice) -> list[str
     ``_cell``) and return the labels in report order: the comparison's group order, then values."""
     axis = choice.axis
     factors = [c for c in dict.fromkeys(list(FACTORS) + choice.grid_cols)
-               if c not in (axis, "seed") and _varies(df, c)]
+               if c not in (axis, "seed", *choice.folded) and _varies(df, c)]
     df["_cell"] = [", ".join([cell_text(r[axis])] + [f"{f}={cell_text(r[f])}" for f in factors])
                    for _, r in df.iterrows()]
     order = {str(norm_value(g.value)): i for i, g in enumerate(comp.groups)}
@@ -216,7 +230,7 @@ def _blocks(df: pd.DataFrame, choice: Choice) -> list[str]:
     """Seeds, plus every other factor that varies but is neither compared nor tuned: trials that
     share all of them share their data order and initial weights."""
     others = [c for c in dict.fromkeys(list(FACTORS) + choice.grid_cols)
-              if c not in (choice.axis, "seed", choice.tune) and _varies(df, c)]
+              if c not in (choice.axis, "seed", choice.tune, *choice.folded) and _varies(df, c)]
     return ["seed"] + others
 
 

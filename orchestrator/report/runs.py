@@ -13,7 +13,10 @@
 - A run's status is ``TrialStatus.of_run``: its ``status`` tag, else derived from MLflow's.
 - Params come back as strings and are cast (``"12"`` -> 12, ``"None"`` -> None, ...).
   ``step_time_ms`` is the median of ``perf/step_time_ms`` over the run, ``peak_mem_mb`` the max of
-  ``perf/peak_mem_mb``; tokens = steps x batch x seq_len x grad_accum (steps reached, for runs
+  ``perf/train_mem_mb`` (the model's training memory: saved activations, parameters, gradients and
+  optimizer state), or of ``perf/peak_mem_mb`` (the process's RSS on CPU, the allocator's peak on
+  CUDA) for runs logged before ``perf/train_mem_mb`` existed (``mem_metric`` says which);
+  tokens = steps x batch x seq_len x grad_accum (steps reached, for runs
   that stopped early), FLOPs = 3 x ``model/flops_per_token`` x tokens, wall time = end - start.
 """
 from __future__ import annotations
@@ -32,7 +35,8 @@ from orchestrator.core.keys import FACTORS, dotted
 from orchestrator.core.status import TrialStatus
 
 DEFAULT_METRIC = "final/val_loss"
-HISTORY_KEYS = ("train/loss", "val/loss", "perf/step_time_ms", "perf/peak_mem_mb")
+HISTORY_KEYS = ("train/loss", "val/loss", "perf/step_time_ms", "perf/peak_mem_mb", "perf/train_mem_mb")
+MEMORY_KEYS = ("perf/train_mem_mb", "perf/peak_mem_mb")  # the report's memory column: the first a run has
 
 
 def cast_param(s: Any) -> Any:
@@ -221,7 +225,7 @@ def load_runs(name: str, metric: str = DEFAULT_METRIC, cl=None) -> SweepRuns:
     """The sweep's trial runs as a frame (one row per trial) plus per-step histories.
 
     Columns: ``trial_id run_id run_name status mlflow_status git_sha``, the aliases of FACTORS and
-    ``seed`` (cast values), ``wall_time_s step_time_ms peak_mem_mb steps_done tokens
+    ``seed`` (cast values), ``wall_time_s step_time_ms peak_mem_mb mem_metric steps_done tokens
     flops_per_step flops``, every param as ``params.<key>`` (cast), every non-MLflow tag as
     ``tags.<key>`` (string) and every metric's last value under its own key. ``metric`` decides
     which run of a trial is kept when there are several.
@@ -251,8 +255,10 @@ def _row(r, hist: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
         v = hist.get(key, (np.zeros(0), np.zeros(0)))[1]
         return v[np.isfinite(v)]
 
-    st_ms, mem = finite("perf/step_time_ms"), finite("perf/peak_mem_mb")
+    st_ms = finite("perf/step_time_ms")
     row["step_time_ms"] = float(np.median(st_ms)) if len(st_ms) else math.nan
+    row["mem_metric"] = next((k for k in MEMORY_KEYS if len(finite(k))), None)
+    mem = finite(row["mem_metric"]) if row["mem_metric"] else np.zeros(0)
     row["peak_mem_mb"] = float(np.max(mem)) if len(mem) else math.nan
     tps = math.prod(_as_float(params.get(f"train.{k}")) for k in ("batch_size", "seq_len", "grad_accum"))
     planned = _as_float(params.get("train.steps"))

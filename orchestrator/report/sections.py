@@ -40,12 +40,17 @@ class ReportData:
     tuned: tuning.Tuning | None = None
     notes: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # sections built elsewhere (iso-FLOP, scaling)
+    search: list[str] = field(default_factory=list)  # a search sweep's "Search" section
 
 
 def markdown(r: ReportData) -> str:
-    parts = (header, results, verdict_section, statistics, tuning_section, paper_section, trials,
+    parts = (header, search_section, results, verdict_section, statistics, tuning_section, paper_section, trials,
              results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
     return "\n".join(line for part in parts for line in part(r)) + "\n"
+
+
+def search_section(r: ReportData) -> list[str]:
+    return r.search
 
 
 def header(r: ReportData) -> list[str]:
@@ -92,9 +97,22 @@ def results(r: ReportData) -> list[str]:
     pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
     tuned = f" Each variant at its chosen `{r.tuned.axis}` (see Tuning)." if r.tuned else ""
     return lines + ["", "Mean, std and the percentile-bootstrap CI are over finished seeds. Step time is the "
-                    "median `perf/step_time_ms` of a run, peak memory the max `perf/peak_mem_mb`, params "
+                    f"median `perf/step_time_ms` of a run, peak memory {memory_text(r.sdf)}, params "
                     "`model/params`; each is averaged over the finished seeds of a variant. Changes are "
                     "relative to the baseline's mean." + pooled + tuned]
+
+
+def memory_text(df) -> str:
+    """Which metric the memory column is: the model's training memory where runs logged it."""
+    used = set(df["mem_metric"].dropna()) if "mem_metric" in df.columns else set()
+    train = ("the max `perf/train_mem_mb` (the model's training memory: what the forward saves for "
+             "backward plus parameters, gradients and optimizer state)")
+    if used == {"perf/train_mem_mb"}:
+        return train
+    if "perf/train_mem_mb" in used:
+        return train + ", or the max `perf/peak_mem_mb` (the process's peak) for runs without it"
+    return ("the max `perf/peak_mem_mb` (the process's peak RSS on CPU, the allocator's peak on CUDA: these "
+            "runs have no `perf/train_mem_mb`)")
 
 
 def verdict_section(r: ReportData) -> list[str]:

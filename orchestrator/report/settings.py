@@ -19,6 +19,11 @@ Optional params (a sweep launched before they existed has none, and gets the def
 name), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper``;
 default from the sweep's name) and ``sweep.report.tune`` (an axis, usually ``lr``, along which
 each variant is compared at its own best value).
+
+A search sweep (the parent has ``sweep.search.*`` params) compares its sampled configurations
+(``orchestrator.report.search``) unless the file states ``report.axis`` or ``--axis`` is given:
+the axis is then ``configuration``, the searched keys are folded into it (``Choice.folded``) and
+the baseline is the best configuration, found from the runs.
 """
 from __future__ import annotations
 
@@ -31,10 +36,12 @@ from lime_arch.errors import ConfigError
 from orchestrator.core.keys import canonical, dotted
 from orchestrator.core.tracking import quiet_downloads
 from orchestrator.report.runs import cast_param
+from orchestrator.report.search import CONFIG
 
 PARAM = "sweep.report."  # prefix of the report params on the parent run
 OPTIONAL = ("alpha", "mode", "paper", "tune")
 AXES_PARAM = "sweep.axes"
+SEARCH_PARAM = "sweep.search.metric"  # only a search sweep's parent has it
 
 
 @dataclass(frozen=True)
@@ -51,6 +58,7 @@ class Choice:
     mode: str | None = None  # "min", "max" or None (from the metric's name)
     paper: str | None = None  # a paper reference name, or None (from the sweep's name)
     tune: str | None = None  # canonical axis tuned per variant, or None
+    folded: tuple[str, ...] = ()  # searched keys that are part of the compared configuration
 
 
 @dataclass(frozen=True)
@@ -66,6 +74,7 @@ class ReportSettings:
     mode: str | None = None
     paper: str | None = None
     tune: str | None = None
+    search: tuple[str, ...] = ()  # a search sweep's searched keys, canonical (empty: a grid)
 
     def choose(self, metric: str | None = None, axis: str | None = None,
                baseline: Any = None) -> Choice:
@@ -82,6 +91,10 @@ class ReportSettings:
             explicit = self.stated is not None and "baseline" in self.stated
             origin = "default" if self.stated is not None else "sweep's"
         grid_cols = [g for g in self.axes if g not in ("seed", "train.seed")]
+        if self.search and axis is None and not (self.stated and "axis" in self.stated):
+            return Choice(metric=str(metric or self.metric), axis=CONFIG, baseline=None, explicit_baseline=False,
+                          baseline_origin="best", grid_cols=[], alpha=float(self.alpha), mode=self.mode,
+                          paper=self.paper, folded=tuple(g for g in self.search if g not in ("seed", "train.seed")))
         return Choice(metric=str(metric or self.metric), axis=chosen_axis, baseline=base,
                       explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols,
                       alpha=float(self.alpha), mode=self.mode, paper=self.paper,
@@ -109,7 +122,8 @@ def settings_from_params(params: dict[str, str]) -> ReportSettings | None:
         stated = frozenset(k.strip() for k in params[PARAM + "explicit"].split(",") if k.strip() in keys)
     return ReportSettings(metric=params[PARAM + "metric"], axis=params[PARAM + "axis"],
                           baseline=cast_param(params[PARAM + "baseline"]), axes=axis_names(axes),
-                          stated=stated, **optional_settings(params))
+                          stated=stated, search=axis_names(axes) if SEARCH_PARAM in params else (),
+                          **optional_settings(params))
 
 
 def optional_settings(params: dict[str, str]) -> dict[str, Any]:

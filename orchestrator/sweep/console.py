@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from orchestrator.core.status import TrialStatus
-from orchestrator.sweep.runs import RAY_DONE, RAY_ERROR
+from orchestrator.sweep.runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.view import fmt_time as _fmt_time
 
@@ -69,7 +69,11 @@ def _ray_live_view() -> type:
 class LiveView:
     """One line per state change, and a status line at most every ``every`` seconds:
     trials by state, the running trials' current step and loss, the best finished trial, ETA.
-    The methods are Ray Tune's callback hooks (``ray.tune.Callback``)."""
+    The methods are Ray Tune's callback hooks (``ray.tune.Callback``).
+
+    Ray calls ``on_trial_complete`` and ``on_trial_error`` before it changes the trial's status,
+    so the view keeps its own record of the trials that ended: the counts printed with a "done"
+    line include that trial. The ETA (``Eta``) comes from measured step rates only."""
 
     def __init__(self, *, total: int, steps: dict[str, int], default_steps: int, metric: str, mode: str,
                  every: float = 15.0):
@@ -79,22 +83,27 @@ class LiveView:
 
     def setup(self, **info) -> None:  # also called by Ray at the start of every (resumed) run
         self.t0 = time.monotonic()
-        self.t_first: float | None = None  # the first trial start: the ETA's clock
         self.last_line = 0.0
+        self.last_status = ""  # the last status line printed (the same line is not printed twice)
         self.progress: dict[str, int] = {}  # trial -> latest step
-        self.start_step: dict[str, int] = {}  # trial -> first step seen in this session
         self.current: dict[str, float] = {}
         self.best: tuple[float, str] | None = None
+        self.ended: dict[str, str] = {}  # trial -> Ray status it ended with in this session
+        self.config_failed: set[str] = set()  # trials that failed on a config mistake (not retried)
+        self.eta = Eta()
         self.final_status: dict[str, str] = {}  # trial -> Ray status at the end of the run
 
     # -- helpers -----------------------------------------------------------------------------------
     def _say(self, msg: str) -> None:
         print(f"[{_fmt_time(time.monotonic() - self.t0):>6}] {msg}", file=sys.stdout, flush=True)
 
+    def _state(self, t) -> str:
+        return self.ended.get(str(t), t.status)
+
     def _counts(self, trials) -> str:
         by: dict[str, int] = {}
         for t in trials:
-            by[t.status] = by.get(t.status, 0) + 1
+            by[self._state(t)] = by.get(self._state(t), 0) + 1
         done = by.get(RAY_DONE, 0)
         parts = [f"{done}/{self.total} done", f"{by.get('RUNNING', 0)} running"]
         pending = max(0, self.total - sum(by.values())) + by.get("PENDING", 0) + by.get("PAUSED", 0)
@@ -104,47 +113,49 @@ class LiveView:
         return ", ".join(parts)
 
     def _eta(self, trials) -> str:
-        done_now = sum(max(0, s - self.start_step.get(n, s)) for n, s in self.progress.items())
-        elapsed = time.monotonic() - (self.t_first or self.t0)
-        if done_now <= 0 or elapsed <= 0:
-            return "?"
-        names = {str(t) for t in trials}
-        remaining = 0
-        for t in trials:
-            n = str(t)
-            if t.status in (RAY_DONE, RAY_ERROR):
-                continue
-            remaining += max(0, self.steps.get(n, self.default_steps) - self.progress.get(n, 0))
-        remaining += max(0, self.total - len(names)) * self.default_steps
-        return _fmt_time(remaining / (done_now / elapsed))
+        running = {str(t): self.steps.get(str(t), self.default_steps) for t in trials if self._state(t) == "RUNNING"}
+        waiting = sum(1 for t in trials if self._state(t) in ("PENDING", "PAUSED"))
+        waiting += max(0, self.total - len(trials))
+        if not running and not waiting:
+            return ""
+        left = self.eta.remaining(running, self.progress, waiting * [self.default_steps])
+        return "" if left is None else f" | ETA {_fmt_time(left)}"
 
     def _status(self, trials, force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self.last_line < self.every:
             return
-        self.last_line = now
-        running = [str(t) for t in trials if t.status == "RUNNING"]
+        running = [str(t) for t in trials if self._state(t) == "RUNNING"]
         cur = "; ".join(f"{n} step {self.progress.get(n, 0)}/{self.steps.get(n, self.default_steps)}"
                         + (f" loss {self.current[n]:.4g}" if n in self.current else "")
                         for n in running[:4])
         if len(running) > 4:
             cur += f"; +{len(running) - 4} more"
         best = f" | best {self.metric} {self.best[0]:.4g} ({self.best[1]})" if self.best else ""
-        self._say(f"{self._counts(trials)}{best} | ETA {self._eta(trials)}" + (f" | {cur}" if cur else ""))
+        line = f"{self._counts(trials)}{best}{self._eta(trials)}" + (f" | {cur}" if cur else "")
+        if line == self.last_status:
+            return
+        self.last_line, self.last_status = now, line
+        self._say(line)
 
     # -- Ray callbacks -----------------------------------------------------------------------------
     def on_trial_start(self, iteration, trials, trial, **info):
         n = str(trial)
-        if self.t_first is None:
-            self.t_first = time.monotonic()
+        self.ended.pop(n, None)
+        self.eta.start(n, self.progress.get(n, 0))
         self._say(f"start  {n}" + (f" (from step {self.progress[n]})" if self.progress.get(n) else ""))
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         n = str(trial)
+        if result.get(CONFIG_ERROR):  # retrying cannot fix the config: the trial fails when it raises
+            trial.max_failures = 0
+            self.config_failed.add(n)
+            self._say(f"FAILED {n}: {result[CONFIG_ERROR]} (not retried; traceback in {trial.path}/trial.log)")
+            return
         step = int(result.get("step", 0) or 0)
-        if n not in self.start_step:
-            self.start_step[n] = int(result.get("start_step", step) or 0)
         self.progress[n] = step
+        clock = result.get("time_total_s")
+        self.eta.report(n, step, clock=float(clock) if isinstance(clock, (int, float)) else None)
         for k in ("val/loss", "train/loss"):
             v = result.get(k)
             if isinstance(v, (int, float)) and math.isfinite(v):
@@ -154,6 +165,8 @@ class LiveView:
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         n = str(trial)
+        self.ended[n] = RAY_DONE
+        self.eta.end(n)
         r = trial.last_result or {}
         v = r.get(self.metric)
         status = r.get("status", TrialStatus.FINISHED.value)
@@ -171,10 +184,89 @@ class LiveView:
         self._say(f"retry  {trial} (failure {trial.run_metadata.num_failures}); continues from its checkpoint")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self._say(f"FAILED {trial} after {trial.run_metadata.num_failures} failure(s); see "
-                  f"{trial.path}/trial.log and error.txt")
+        self.ended[str(trial)] = RAY_ERROR
+        self.eta.end(str(trial))
+        if str(trial) not in self.config_failed:  # that one said why already
+            self._say(f"FAILED {trial} after {trial.run_metadata.num_failures} failure(s); see "
+                      f"{trial.path}/trial.log and error.txt")
         self._status(trials, force=True)
 
     def on_experiment_end(self, trials, **info):
-        self.final_status = {str(t): t.status for t in trials}
-        self._status(trials, force=True)
+        self.final_status = {str(t): self._state(t) for t in trials}
+        self._status(trials, force=True)  # printed only if it differs from the last status line
+
+
+class Eta:
+    """Time left from measured step rates only: nothing until a trial has reported twice.
+
+    A trial's rate is its seconds per step between its first and latest report in this session,
+    on the trial's own clock (Ray's ``time_total_s``: the driver may receive several reports at
+    once); a trial not yet started costs the median start-up time seen (from its start to its
+    first report, less the steps in between) plus its steps at the median rate. The work left is
+    shared by as many trials as have run at once."""
+
+    def __init__(self) -> None:
+        self.started: dict[str, tuple[float, int]] = {}  # trial -> (driver time, step) at its start
+        self.first: dict[str, tuple[float, int]] = {}  # (trial clock, step) of its first report
+        self.seen: dict[str, float] = {}  # driver time of its latest report
+        self.rates: dict[str, float] = {}  # seconds per step, measured
+        self.startup: dict[str, float] = {}  # seconds from start to the first step
+        self.width = 1  # the most trials seen running at once
+
+    def start(self, n: str, step: int, now: float | None = None) -> None:
+        self.started[n] = (time.monotonic() if now is None else now, step)
+        self.first.pop(n, None)
+        self.width = max(self.width, len(self.started))
+
+    def report(self, n: str, step: int, now: float | None = None, clock: float | None = None) -> None:
+        """A report of trial ``n`` at ``step``: ``now`` the driver's time, ``clock`` the trial's."""
+        now = time.monotonic() if now is None else now
+        clock = now if clock is None else clock
+        self.seen[n] = now
+        if n not in self.first:
+            self.first[n] = (clock, step)
+            if n in self.started:
+                self.startup[n] = max(0.0, now - self.started[n][0])  # corrected by the rate below
+            return
+        t0, s0 = self.first[n]
+        if step > s0 and clock > t0:
+            self.rates[n] = (clock - t0) / (step - s0)
+            if n in self.started:
+                before = s0 - self.started[n][1]  # steps trained before the first report
+                self.startup[n] = max(0.0, self.startup.get(n, 0.0) - before * self.rates[n])
+
+    def end(self, n: str) -> None:
+        self.started.pop(n, None)
+
+    def remaining(self, running: dict[str, int], progress: dict[str, int], waiting: list[int],
+                  now: float | None = None) -> float | None:
+        """Seconds left: ``running`` maps trial -> its total steps, ``waiting`` lists the steps of
+        the trials not started; None while no rate has been measured."""
+        if not self.rates:
+            return None
+        now = time.monotonic() if now is None else now
+        per_step = sorted(self.rates.values())[len(self.rates) // 2]
+        startup = sorted(self.startup.values())[len(self.startup) // 2] if self.startup else 0.0
+        ahead = []
+        for n, total in running.items():
+            left = max(0, total - progress.get(n, 0)) * self.rates.get(n, per_step)
+            if n in self.seen:  # the time since its last report is spent already
+                left = max(0.0, left - (now - self.seen[n]))
+            elif n in self.started:  # not reported yet: still starting
+                left += max(0.0, startup - (now - self.started[n][0]))
+            ahead.append(left)
+        queued = sum(startup + steps * per_step for steps in waiting)
+        lanes = max(self.width, len(running), 1)
+        return max(max(ahead, default=0.0), (sum(ahead) + queued) / lanes)
+
+
+def launch_note(saved: dict[str, str], total: int, stale: int) -> str:
+    """What the start line says about an earlier launch: trials its Ray experiment finished, and
+    the runs it left running (closed now). Nothing when no earlier launch ran a trial."""
+    if not saved and not stale:
+        return ""
+    done = sum(1 for st in saved.values() if st == RAY_DONE)
+    parts = [f"resuming: {done}/{total} trials done"] if saved else []
+    if stale:
+        parts.append(f"{stale} run(s) an interrupted launch left running marked killed")
+    return "; " + ", ".join(parts)

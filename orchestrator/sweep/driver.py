@@ -29,16 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
+from orchestrator.core import dashboard
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
 from orchestrator.sweep import connect, extend
-from orchestrator.sweep.console import TrialNamer, live_view
+from orchestrator.sweep.console import TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
 from orchestrator.sweep.runs import close_stale_runs, end_run, parent_run
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
 from orchestrator.sweep.trial import make_trainable
-from orchestrator.sweep.view import experiment_dir, upper_corner
+from orchestrator.sweep.view import experiment_dir, ray_trials, upper_corner
 from orchestrator.sweep.workers import concurrent_slots, reuse_workers, trials_that_fit, tune_resources
 
 log = logging.getLogger(__name__)
@@ -117,10 +118,11 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
     mode = spec.search.mode if spec.search else spec.report.mode
     r = spec.resources
     workers = f" x {r.workers} workers ({r.parallel})" if r.workers > 1 else ""
-    resumed = f"; resuming (closed {stale} stale runs)" if state else ""
+    resumed = launch_note(ray_trials(exp_dir), spec.n_trials(), stale) if state else ""
     print(f"sweep {spec.name}: {spec.n_trials()} trials, {r.cpu:g} CPU / {r.gpu:g} GPU each{workers}, Ray "
           f"{'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} (experiment {spec.name}, "
           f"parent run {parent}){resumed}; Ray's own log {log}", flush=True)
+    print("\n".join(dashboard.ui_lines(uri, exp_id, view=True)), flush=True)
     # launched: the trials' clocks count a fresh worker's start from here at the earliest
     ctx = {"uri": uri, "parent_run_id": parent, "exp_dir": str(exp_dir), "metric": metric, "launched": time.time()}
     fitting = False
@@ -252,6 +254,7 @@ def _new_tuner(spec: SweepSpec, trainable, exp_dir: Path, view):
 
 def _search_space(spec: SweepSpec, tc: dict) -> dict:
     """Ray's search space of a ``search`` block; sets the searcher (and ASHA) in ``tc``."""
+    import optuna
     from optuna.samplers import TPESampler
     from ray import tune
     from ray.tune.search import Repeater
@@ -262,6 +265,7 @@ def _search_space(spec: SweepSpec, tc: dict) -> dict:
             "int": lambda p: tune.randint(p.values[0], p.values[1] + 1),  # randint excludes its high end
             "choice": lambda p: tune.choice(list(p.values))}
     space = {n: make[p.kind](p) for n, p in s.space.items()}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)  # not "A new study created in memory" on the console
     searcher = OptunaSearch(sampler=TPESampler(seed=s.seed))
     tc.update(search_alg=Repeater(searcher, repeat=s.repeat, set_index=True), num_samples=s.num_samples * s.repeat,
               metric="objective", mode=s.mode)

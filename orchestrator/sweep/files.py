@@ -72,12 +72,13 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
-def read_yaml(path: Path) -> tuple[Any, str]:
-    """A file's YAML and its text; not UTF-8 text, invalid YAML or a duplicate key: one FileError line."""
+def read_yaml(path: Path, kind: str = "a sweep file") -> tuple[Any, str]:
+    """A file's YAML and its text; not UTF-8 text, invalid YAML or a duplicate key: one FileError line
+    (``kind`` names what the file should be; ``lime train --config`` reads trial files with it too)."""
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as e:
-        raise FileError(f"{path}: not a text file (byte {e.start} is not UTF-8); a sweep file is YAML text") from None
+        raise FileError(f"{path}: not a text file (byte {e.start} is not UTF-8); {kind} is YAML text") from None
     except OSError as e:
         raise FileError(f"{path}: cannot read it: {e.strerror or e}") from None
     try:

@@ -1,6 +1,13 @@
 """The end of ``lime sweep run``: each trial's final state, the MLflow runs closed accordingly,
 the best trial logged on the parent run, and the table printed.
 
+The parent's summary is tags (``best_trial_id``, ``best_run_id``, ``best_metric``, ``best_value``,
+``trials_finished``, ``trials_failed``, ``trials_unfinished``) and ``best_config.json``, not metrics:
+a metric of the parent would be a chart of its own beside the trials' charts (one bar, the parent's)
+in every chart view of the experiment, and params cannot change when a later launch finishes the
+sweep. Tags are shown on the parent's page, searchable (``tags.best_trial_id``) and updated by
+each launch.
+
 Ray's saved experiment state is the truth for a resume: a trial RUNNING or PENDING there is
 unfinished (an interrupted sweep reports its stopped trials as terminated in memory, but saves
 them as running), and its MLflow run is marked killed: it continues on the next launch.
@@ -12,7 +19,10 @@ import math
 import tempfile
 from pathlib import Path
 
+from orchestrator.core import dashboard
+from orchestrator.core.fmt import num
 from orchestrator.core.status import TrialStatus
+from orchestrator.core.tracking import tracking_uri
 from orchestrator.sweep.runs import RAY_DONE, RAY_ERROR, child_runs, close_stale_runs, end_run
 from orchestrator.sweep.schema import SweepSpec
 from orchestrator.sweep.view import fmt_time, ray_trials
@@ -32,13 +42,15 @@ def finish(spec: SweepSpec, cl, exp_id: str, parent: str, grid, *, elapsed: floa
     status = TrialStatus.FINISHED if ok else (TrialStatus.FAILED if errors else TrialStatus.KILLED)
     if best is not None:
         _log_best(cl, parent, metric, *best)
-    cl.log_metric(parent, "sweep/trials_finished", sum(1 for r in rows if _status(r) is TrialStatus.FINISHED))
-    cl.log_metric(parent, "sweep/trials_failed", errors)
+    finished = sum(1 for r in rows if _status(r) is TrialStatus.FINISHED)
+    for k, v in (("trials_finished", finished), ("trials_failed", errors), ("trials_unfinished", unfinished)):
+        cl.set_tag(parent, k, str(v))
     end_run(cl, parent, status)
     _print_table(rows, metric, best)
     print(f"sweep {spec.name}: {status} in {fmt_time(elapsed)}; {len(rows)} runs, {errors} failed"
           + (f", {unfinished} unfinished (run the same command again to resume)" if unfinished else "")
           + f"; parent MLflow run {parent}; Ray results {exp_dir}")
+    print("\n".join(dashboard.ui_lines(getattr(cl, "tracking_uri", None) or tracking_uri(), exp_id, view=True)))
     return {"ok": ok, "errors": errors, "unfinished": unfinished, "parent_run_id": parent, "elapsed_s": elapsed,
             "best": (best[1].data.tags.get("trial_id"), best[0], best[1].info.run_id) if best else None,
             "runs": {r.data.tags.get("trial_id"): r.info.run_id for r in rows}}
@@ -88,7 +100,8 @@ def best_run(rows: list, metric: str, mode: str) -> tuple[float, object] | None:
 def _log_best(cl, parent: str, metric: str, value: float, run) -> None:
     cl.set_tag(parent, "best_trial_id", run.data.tags.get("trial_id", ""))
     cl.set_tag(parent, "best_run_id", run.info.run_id)
-    cl.log_metric(parent, f"best/{metric}", value)
+    cl.set_tag(parent, "best_metric", metric)
+    cl.set_tag(parent, "best_value", num(value, 6))
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "best_config.json"
         p.write_text(json.dumps({"trial_id": run.data.tags.get("trial_id"), "run_id": run.info.run_id,
@@ -97,6 +110,8 @@ def _log_best(cl, parent: str, metric: str, value: float, run) -> None:
 
 
 def _print_table(rows: list, metric: str, best) -> None:
+    if not rows:
+        return
     print(f"\n{'trial':<40} {'status':<9} {metric:>16}  MLflow run")
     for r in rows:
         v = r.data.metrics.get(metric)

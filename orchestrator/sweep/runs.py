@@ -5,12 +5,18 @@ driver hands to its Ray workers.
 
 A run's state is a ``TrialStatus``: its value is the run's ``status`` tag, its ``.mlflow`` the
 run's MLflow status.
+
+The dashboard (``orchestrator.core.dashboard``): the parent run marks the experiment as a model
+training experiment and stores the saved comparison view on it; each trial's run is coloured by
+its value of the compared axis, and a named variant is a param (``variant``) beside its tag.
 """
 from __future__ import annotations
 
 import tempfile
 from pathlib import Path
 
+from orchestrator.core import dashboard
+from orchestrator.core.keys import VARIANT, canonical
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import git_sha
 from orchestrator.sweep.files import resolved_yaml
@@ -20,6 +26,21 @@ FAULT_ENV = "LIME_FAULT_ONCE"  # "<marker file>:<step>[:<trial id substring>]": 
 # passed on to Ray workers started by ``ray.init(address=...)`` (a local Ray inherits the environment)
 WORKER_ENV = (FAULT_ENV, "LIME_CACHE", "LIME_RESULTS", "HF_HOME", "HF_DATASETS_OFFLINE")
 RAY_DONE, RAY_ERROR = "TERMINATED", "ERROR"  # Ray's trial states that end a trial
+
+
+CONFIG_ERROR = "config_error"  # the result key that says a trial failed on a mistake of its config
+
+
+def report_config_error(tune, trial_id: str, exc: BaseException) -> None:
+    """A trial that fails on a ``ConfigError`` (the hub unreachable, a dataset that is not there)
+    says so to the driver before it raises: retrying cannot help, so the driver's live view sets
+    the trial's retries to none (``orchestrator.sweep.console``) and the trial fails at once, its
+    traceback in its ``trial.log``."""
+    try:
+        tune.report({CONFIG_ERROR: str(exc), "trial": trial_id, "step": 0, "status": TrialStatus.FAILED.value,
+                     "objective": float("nan")})
+    except Exception:  # noqa: BLE001 - outside Tune (tests call the trial directly): nothing to tell
+        pass
 
 
 def end_run(cl, run_id: str, status: TrialStatus) -> None:
@@ -60,6 +81,7 @@ def parent_run(spec: SweepSpec, cl, exp_id: str, state: dict) -> str:
             if run.info.lifecycle_stage == "active":
                 cl.update_run(rid, status=TrialStatus.RUNNING.mlflow)
                 cl.set_tag(rid, "status", TrialStatus.RUNNING.value)
+                set_view(spec, cl, exp_id, rid)
                 return rid
         except Exception:  # noqa: BLE001 - deleted or from another store: start a new parent
             pass
@@ -67,7 +89,42 @@ def parent_run(spec: SweepSpec, cl, exp_id: str, state: dict) -> str:
             "mlflow.note.content": spec.description}
     rid = cl.create_run(exp_id, run_name=spec.name, tags=tags).info.run_id
     _log_sweep(spec, cl, rid)
+    set_view(spec, cl, exp_id, rid)
     return rid
+
+
+def view_axes(spec: SweepSpec) -> list[str]:
+    """The param names of the sweep's axes, the compared one first and the seed last."""
+    axes = [canonical(spec.key(a)) if a != VARIANT else a for a in spec.axes()]
+    if spec.search is not None or spec.seed_axis() is None:
+        axes.append("seed")
+    compared = canonical(spec.key(spec.report.axis)) if spec.report.axis not in (None, VARIANT) else spec.report.axis
+    return sorted(dict.fromkeys(axes), key=lambda a: (a != compared, a == "seed"))
+
+
+def set_view(spec: SweepSpec, cl, exp_id: str, parent: str) -> None:
+    """The experiment opens on its runs (a model training experiment) with the saved comparison
+    view of this launch's parent run (``orchestrator.core.dashboard``)."""
+    metric = spec.search.metric if spec.search else spec.report.metric
+    mode = spec.search.mode if spec.search else spec.report.mode
+    axis = "configurations" if spec.search is not None else spec.report.axis
+    cl.set_experiment_tag(exp_id, dashboard.KIND_TAG, dashboard.TRAINING_KIND)
+    cl.set_experiment_tag(exp_id, dashboard.VIEW_TAG, dashboard.compare_view(
+        axes=view_axes(spec), metric=metric, mode=mode, parent_run_id=parent, title=f"compare {axis}"))
+
+
+def trial_extras(spec: SweepSpec, config: dict) -> tuple[dict[str, str], dict[str, str]]:
+    """(tags, params) a trial's run gets besides the engine's: its colour by the compared axis
+    (the same colour for every seed of a value), and the named variant as a param."""
+    tags, params = {}, {}
+    axis = spec.report.axis
+    if spec.search is None and axis in config and axis in spec.grid:
+        color = dashboard.run_color(config[axis], list(spec.grid[axis]))
+        if color:
+            tags[dashboard.RUN_COLOR_TAG] = color
+    if VARIANT in config:
+        params[VARIANT] = str(config[VARIANT])
+    return tags, params
 
 
 def sweep_params(spec: SweepSpec) -> dict[str, object]:

@@ -30,13 +30,14 @@ import time
 import traceback
 from pathlib import Path
 
+from lime_arch import ConfigError
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.startup import StartupClock, StartupHook, prepare_process, shared_data, worker_clock
 from orchestrator.engine.train import Tracking, run_trial
 from orchestrator.sweep import IMPORT_T0
 from orchestrator.sweep.reporting import newest_checkpoint, objective, output_to, reporter
-from orchestrator.sweep.runs import child_runs, end_run
+from orchestrator.sweep.runs import child_runs, end_run, report_config_error, trial_extras
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.workers import fit_workers
 
@@ -77,8 +78,10 @@ def run_attempt(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, tune, c
             with clock.phase("prepare"):
                 prepare_process(clock.worker_trial)
             _train(spec, ctx, config, trial_id, trial_dir, tune, clock)
-        except BaseException:
+        except BaseException as e:
             traceback.print_exc()
+            if isinstance(e, ConfigError):  # the config's mistake: no retry can help
+                report_config_error(tune, trial_id, e)
             raise
 
 
@@ -111,8 +114,9 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
                 "host": socket.gethostname(), **{k: v for k, v in config.items() if not k.startswith("__")}}
         if spec.resources.workers > 1:
             tags.update(workers=spec.resources.workers, parallel=spec.resources.parallel)
+        colour, params = trial_extras(spec, config)  # the dashboard's run colour, the variant as a param
         tracking = Tracking(experiment=spec.name, run_id=run_id, parent_run_id=ctx["parent_run_id"],
-                            run_name=trial_id, tags=tags)
+                            run_name=trial_id, tags={**tags, **colour}, params=params)
         latest: dict[str, float] = {}
         if spec.resources.workers > 1:  # Ray Train's workers report to Tune themselves, the last time too
             res = fit_workers(spec, ctx, cfg, tracking, base, trial_dir, (ck_src or resume) if resume else None)

@@ -22,6 +22,7 @@ import torch
 
 from lime_arch import ConfigError
 from orchestrator.engine.config import CORPUS_TOKENIZERS, DataConfig
+from orchestrator.engine.data import hub
 from orchestrator.engine.data.registry import register_source
 
 
@@ -93,9 +94,10 @@ def train_bpe(texts: list[str], vocab_size: int) -> HFTokenizer:
 def load_named_tokenizer(name: str) -> HFTokenizer:
     from tokenizers import Tokenizer
 
-    if os.path.isfile(name):
-        return HFTokenizer(Tokenizer.from_file(name), os.path.basename(name))
-    return HFTokenizer(Tokenizer.from_pretrained(name), name)  # hub: only when the user asked for it
+    path = os.path.expanduser(name)
+    if os.path.isfile(path):
+        return HFTokenizer(Tokenizer.from_file(path), os.path.basename(path))
+    return HFTokenizer(Tokenizer.from_file(hub.tokenizer_file(name)), name)  # hub: only when the user asked
 
 
 # -- token streams -----------------------------------------------------------------------------
@@ -207,9 +209,11 @@ def _text(cfg: DataConfig) -> TokenData:
 
 @register_source("hf", check=_check_hf)
 def _hf(cfg: DataConfig) -> TokenData:
-    """Any `datasets` dataset (hub name or a local save_to_disk folder), packed with EOS."""
+    """Any `datasets` dataset (hub name or a local save_to_disk folder), packed with EOS, with a
+    named tokenizer (``byte``: GPT-2's), a ``tokenizer.json`` file, or a BPE trained here (``bpe``)."""
     import datasets
 
+    hub.check_reachable(cfg)  # seconds, not minutes of retries, when the hub cannot be reached
     if os.path.isdir(cfg.hf_name):
         ds = datasets.load_from_disk(cfg.hf_name)
         if isinstance(ds, datasets.DatasetDict):
@@ -217,11 +221,13 @@ def _hf(cfg: DataConfig) -> TokenData:
                 raise ConfigError(f"data.hf_split: {cfg.hf_split!r} not in {cfg.hf_name} ({', '.join(ds)})")
             ds = ds[cfg.hf_split]
     else:
-        ds = datasets.load_dataset(cfg.hf_name, cfg.hf_config, split=cfg.hf_split, streaming=cfg.hf_streaming)
+        ds = hub.load_dataset(cfg)
     names = getattr(ds, "column_names", None)
     if names is not None and cfg.hf_text_field not in names:
         raise ConfigError(f"data.hf_text_field: {cfg.hf_text_field!r} is not a column of {cfg.hf_name} "
                           f"({', '.join(names)})")
+    if cfg.tokenizer == "bpe":
+        return _hf_bpe(ds, cfg)
     tok = load_named_tokenizer("gpt2" if cfg.tokenizer == "byte" else cfg.tokenizer)
     val_docs, train_ids, budget = [], [], cfg.max_train_tokens
     buf: list[str] = []
@@ -250,3 +256,29 @@ def _hf(cfg: DataConfig) -> TokenData:
                           f"{cfg.hf_val_docs}-document validation set and a training set")
     train = torch.tensor(train_ids[: cfg.max_train_tokens], dtype=torch.long)
     return TokenData(train, _stream(val_docs, tok.eos_id), tok, f"hf:{cfg.hf_name}", val_docs=len(val_docs))
+
+
+BPE_CHARS_PER_TOKEN = 8  # text read per training token for a BPE trained here: more than BPE tokens span
+
+
+def _hf_bpe(ds, cfg: DataConfig) -> TokenData:
+    """``data.tokenizer: bpe`` with the hf source: a byte-level BPE trained here on the training
+    documents (as the builtin and text sources do), read up to ``BPE_CHARS_PER_TOKEN`` characters
+    per token of ``max_train_tokens``; the first ``hf_val_docs`` documents are the validation set."""
+    val_t, train_t, chars = [], [], 0
+    for i, row in enumerate(ds):
+        text = row[cfg.hf_text_field]
+        if i < cfg.hf_val_docs:
+            val_t.append(text)
+            continue
+        train_t.append(text)
+        chars += len(text)
+        if chars >= BPE_CHARS_PER_TOKEN * cfg.max_train_tokens:
+            break
+    if not val_t or not train_t:
+        raise ConfigError(f"data.hf_val_docs: {cfg.hf_name} has too few documents for a "
+                          f"{cfg.hf_val_docs}-document validation set and a training set")
+    tok = train_bpe(train_t, cfg.bpe_vocab_size)
+    train = _stream(tok.encode_batch(train_t), tok.eos_id)[: cfg.max_train_tokens]
+    return TokenData(train, _stream(tok.encode_batch(val_t), tok.eos_id), tok, f"hf:{cfg.hf_name}",
+                     val_docs=len(val_t))

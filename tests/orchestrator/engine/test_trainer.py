@@ -55,9 +55,15 @@ def test_phases_in_order_across_stop_and_resume(tmp_path):
     second = Recorder()
     res = run_trial(tiny(checkpoint_dir=ck), tracking=OFF, resume=ck, hooks=[second])
     assert res.status is TrialStatus.FINISHED and res.status == "finished" and res.run_id == "run-a"
-    final = ["final", "final", "val", "val"]
+    final = ["final"] * 4 + ["val", "val"]  # val loss and ppl; CostHook: step time, training memory
     assert second.events == [("start", 4, True, "run-a"), ("log", 6, train, False), ("log", 8, train, False),
                              ("log", 8, final, True), ("end", 8, TrialStatus.FINISHED)]
+    # the cost summary covers the whole run: the 2 windows before the stop and the 2 after the resume
+    windows = [h for h in res.history if "perf/step_time_ms" in h]
+    assert [h["step"] for h in windows] == [2, 4, 6, 8]
+    times = sorted(h["perf/step_time_ms"] for h in windows)
+    assert res.metrics["final/step_time_ms"] == pytest.approx((times[1] + times[2]) / 2)
+    assert res.metrics["final/train_mem_mb"] == max(h["perf/train_mem_mb"] for h in windows)
 
 
 class Extra(Hook):
