@@ -41,5 +41,6 @@ def test_train_cli_end_to_end(tmp_path, mlflow_uri):
     p = subprocess.run([sys.executable, "-m", "orchestrator.cli", "train", "--config", str(cfg), "--router", "full",
                         "--set", "optim.lr=1e-3"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert p.returncode == 0, p.stderr
-    assert "status: finished" in p.stdout and "MLflow run:" in p.stdout
+    assert "status: finished" in p.stdout
+    assert "MLflow run " in p.stdout and "(router=full,preset=tiny,seed=0)" in p.stdout
     assert "step 6:" in p.stdout  # plain progress lines when not on a terminal

@@ -229,7 +229,7 @@ def test_a_crash_between_checkpoints_resumes_without_duplicate_steps(store, monk
     runs = cl.search_runs([cl.get_experiment_by_name("crash").experiment_id])
     assert len(runs) == 1 and runs[0].info.run_id == res.run_id and runs[0].info.status == "FINISHED"
     assert _steps(cl, res.run_id) == [5, 10, 15, 20]
-    assert _steps(cl, res.run_id, "final/val_loss") == [20]
+    assert _steps(cl, res.run_id, "final/val_loss") == [0]  # one end-of-trial scalar, at step 0 (hooks.py)
 
 
 @pytest.mark.slow
