@@ -178,6 +178,19 @@ def _varies(df: pd.DataFrame, col: str) -> bool:
     return col in df.columns and len({str(norm_value(v)) for v in df[col]}) > 1
 
 
+def _free(df: pd.DataFrame, col: str, axis: str) -> bool:
+    """A factor that varies on its own: not one that the compared value fixes (a ``variant``
+    bundle's ``router`` or ``depth_mix``), which is part of the variant, not a cell or a block."""
+    if not _varies(df, col):
+        return False
+    if axis not in df.columns:
+        return True
+    per_value: dict[str, set[str]] = {}
+    for a, v in zip(df[axis], df[col]):
+        per_value.setdefault(str(norm_value(a)), set()).add(str(norm_value(v)))
+    return any(len(vs) > 1 for vs in per_value.values())
+
+
 def _pick_baseline(df: pd.DataFrame, choice: Choice) -> tuple[Any, str | None]:
     """The baseline, or (when it was not asked for explicitly and no run has it) the axis' first
     value, with a note."""
@@ -196,7 +209,7 @@ def _cells(df: pd.DataFrame, comp: stats.Comparison, choice: Choice) -> list[str
     ``_cell``) and return the labels in report order: the comparison's group order, then values."""
     axis = choice.axis
     factors = [c for c in dict.fromkeys(list(FACTORS) + choice.grid_cols)
-               if c not in (axis, "seed", *choice.folded) and _varies(df, c)]
+               if c not in (axis, "seed", *choice.folded) and _free(df, c, axis)]
     df["_cell"] = [", ".join([cell_text(r[axis])] + [f"{f}={cell_text(r[f])}" for f in factors])
                    for _, r in df.iterrows()]
     order = {str(norm_value(g.value)): i for i, g in enumerate(comp.groups)}
@@ -230,7 +243,7 @@ def _blocks(df: pd.DataFrame, choice: Choice) -> list[str]:
     """Seeds, plus every other factor that varies but is neither compared nor tuned: trials that
     share all of them share their data order and initial weights."""
     others = [c for c in dict.fromkeys(list(FACTORS) + choice.grid_cols)
-              if c not in (choice.axis, "seed", choice.tune, *choice.folded) and _varies(df, c)]
+              if c not in (choice.axis, "seed", choice.tune, *choice.folded) and _free(df, c, choice.axis)]
     return ["seed"] + others
 
 

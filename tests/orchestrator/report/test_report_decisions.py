@@ -113,3 +113,26 @@ def test_verdicts_in_the_router_report_and_lime_results(store, tmp_path, monkeyp
     assert s.loc["full", "verdict"] == "better" and s.loc["full", "p_perm"] == pytest.approx(2 / 256)
     assert math.isfinite(s.loc["full", "mde"]) and s.loc["full", "design"] == "paired"
     assert "Friedman: not run: with 2 variants" in md and "## Paper vs this run" not in md
+
+
+def test_a_variant_bundle_that_sets_the_router_is_compared_on_its_seeds(store, tmp_path):
+    """``variant: {llama: {}, lime: {router: full}}``: the router column changes with the variant,
+    so it is part of the variant, not a block; every bundle is paired with the baseline by seed
+    (6 seeds, every difference -0.05: p = 2/64)."""
+    cl = store[1]
+    name = "report-test-bundles"
+    exp = tracking.experiment_id(name, cl)
+    parent = cl.create_run(exp, start_time=T0, run_name=name, tags={"sweep": name, "sweep_role": "parent"}).info.run_id
+    log_sweep_params(cl, parent, axes="variant,seed", axis="variant", baseline="llama", n_trials=12)
+    start = T0 + 1000
+    for seed in range(6):
+        for variant, router, final in (("llama", "none", 3.0 + 0.1 * seed), ("lime", "full", 2.95 + 0.1 * seed)):
+            rid = add_trial(cl, exp, parent, name, router, seed, final=final, status="finished", start=start,
+                            trial_id=f"variant={variant},seed={seed}")
+            cl.set_tag(rid, "variant", variant)
+            start += 1000
+    md = (build_report(name, out=tmp_path / "r", log_to_mlflow=False).parent / "report.md").read_text()
+    assert "**lime**: better than `llama` at alpha 0.05" in md, md
+    assert "paired permutation p = 0.0312" in md and "Design: paired. Blocks are seeds" in md
+    s = summary(tmp_path / "r")
+    assert s.loc["lime", "verdict"] == "better" and s.loc["lime", "p_perm"] == pytest.approx(2 / 64)
