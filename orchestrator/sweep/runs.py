@@ -24,7 +24,8 @@ from orchestrator.sweep.schema import SweepSpec
 
 FAULT_ENV = "LIME_FAULT_ONCE"  # "<marker file>:<step>[:<trial id substring>]": crash one trial once (tests)
 # passed on to Ray workers started by ``ray.init(address=...)`` (a local Ray inherits the environment)
-WORKER_ENV = (FAULT_ENV, "LIME_CACHE", "LIME_RESULTS", "HF_HOME", "HF_DATASETS_OFFLINE")
+WORKER_ENV = (FAULT_ENV, "LIME_CACHE", "LIME_RESULTS", "HF_HOME", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE",
+              "HF_ENDPOINT")
 RAY_DONE, RAY_ERROR = "TERMINATED", "ERROR"  # Ray's trial states that end a trial
 
 
