@@ -16,7 +16,7 @@ what one training step holds:
                              optimizer state (AdamW: two moments and a step counter per tensor)
   perf/train_mem_mb          the sum of the two: the model's training memory, short of transients
   perf/cuda_peak_mb          CUDA only: the caching allocator's peak (``max_memory_allocated``)
-  perf/rss_peak_mb           the process's peak resident set (``ru_maxrss``), for what it is worth
+  perf/rss_peak_mb           the process's peak resident set (VmHWM), for what it is worth
 
 The trainer's ``perf/peak_mem_mb`` (the allocator's peak on CUDA, the RSS on CPU) stays as it was:
 reports read it.
@@ -24,12 +24,12 @@ reports read it.
 from __future__ import annotations
 
 import contextlib
-import resource
 from collections.abc import Iterable, Iterator
 
 import torch
 
 from lime_arch.routing.state import held_bytes
+from orchestrator.engine.schedule import peak_rss_mb
 from orchestrator.engine.trainer import Hook, Trainer
 
 MB = 2**20
@@ -138,7 +138,7 @@ class MemoryHook(Hook):
     def log_metrics(self, t: Trainer) -> dict[str, float]:
         state = sum(model_state_bytes(t.model, t.optimizer).values())
         out = {"perf/model_state_mb": state / MB,
-               "perf/rss_peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # KiB on Linux
+               "perf/rss_peak_mb": peak_rss_mb()}
         if self.saved is not None:
             out["perf/saved_activations_mb"] = self.saved / MB
             out["perf/train_mem_mb"] = (self.saved + state) / MB

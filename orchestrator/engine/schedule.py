@@ -55,4 +55,19 @@ def peak_mem_mb(device: torch.device) -> float:
     """CUDA: the allocator's peak; CPU: the process's peak RSS."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    return peak_rss_mb()
+
+
+def peak_rss_mb() -> float:
+    """The process's peak resident set in MB: Linux's VmHWM, which ``/proc/self/clear_refs``
+    restarts (``startup.reset_peak_memory``, between the trials of a reused worker). Not
+    ``ru_maxrss``: it also keeps the peak of every thread that has exited (the kernel folds a
+    thread's peak into the process's record when it ends), so it cannot start again."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux, bytes on macOS

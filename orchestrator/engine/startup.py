@@ -183,8 +183,8 @@ def prepare_process(worker_trial: int) -> None:
 
 
 def reset_peak_memory() -> None:
-    """The process's peak RSS (Linux: ``/proc/self/clear_refs``, which ``ru_maxrss`` follows)
-    and CUDA's allocator peak start again from the current use."""
+    """The process's peak RSS (Linux: ``/proc/self/clear_refs`` restarts VmHWM, what
+    ``schedule.peak_rss_mb`` reads) and CUDA's allocator peak start again from the current use."""
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
         f.write("5")
     if torch.cuda.is_initialized():

@@ -131,8 +131,9 @@ def test_a_variant_bundle_that_sets_the_router_is_compared_on_its_seeds(store, t
                             trial_id=f"variant={variant},seed={seed}")
             cl.set_tag(rid, "variant", variant)
             start += 1000
-    md = (build_report(name, out=tmp_path / "r", log_to_mlflow=False).parent / "report.md").read_text()
+    folder = build_report(name, out=tmp_path / "r", log_to_mlflow=False).parent
+    md = (folder / "report.md").read_text()
     assert "**lime**: better than `llama` at alpha 0.05" in md, md
     assert "paired permutation p = 0.0312" in md and "Design: paired. Blocks are seeds" in md
-    s = summary(tmp_path / "r")
+    s = summary(folder)
     assert s.loc["lime", "verdict"] == "better" and s.loc["lime", "p_perm"] == pytest.approx(2 / 64)
