@@ -206,11 +206,12 @@ def run(out: Path, work: Path, timings: dict) -> Check:
         chk.expect("four trial runs with router and seed params", len(trials) == 4 and all(plain),
                    str([r.data.params.get("router") for r in trials]))
         chk.expect("no per-trial path as a param", not any("train.checkpoint_dir" in r.data.params for r in trials))
-        # the parent's own numbers (sweep/*, scaling/*, isoflop/*) have names no trial logs, so they
-        # never land among the trials' bars or curves; its best trial is a tag
+        # the parent's summaries are tags (best trial, sweep/*); the report's numbers on it (scaling/*,
+        # isoflop/*) have names no trial logs, so they never land among the trials' bars or curves
         shared = sorted(set(parent.data.metrics) & {k for r in trials for k in r.data.metrics})
         chk.expect("the parent's summary shares no metric with the trials (nothing in the trials' charts)",
-                   not shared and parent.data.tags.get("best_trial_id") in
+                   not shared and not any(k.startswith(("sweep/", "best/")) for k in parent.data.metrics)
+                   and parent.data.tags.get("best_trial_id") in
                    {r.data.tags["trial_id"] for r in trials}, str(shared or parent.data.metrics))
         view = dashboard.runs_url(uri, exp.experiment_id, view=True)
         chk.expect("lime sweep run prints the runs view", view in printed, printed[-800:])

@@ -67,12 +67,17 @@ def adamw(model):
 
 def compiled(model, mode: str | None, variants: int = 1):
     """``model`` itself (``mode`` None) or ``torch.compile(model, mode=mode)``. A shared body swaps
-    routers, and Dynamo compiles each variant once (its guards see the router): the recompile limit
-    is raised to hold them all."""
+    routers, and Dynamo compiles each variant once (its guards see the router). Dynamo counts
+    recompiles per code object across every model of the process (``Decoder.forward``), so each
+    shape starts from a reset (the previous shape's graphs are of no further use), the limit holds
+    this shape's variants, and hitting it raises instead of silently running the rest eagerly,
+    which would be timed as "compiled" rows."""
     if mode is None:
         return model
+    torch._dynamo.reset()
     cfg = torch._dynamo.config
-    cfg.recompile_limit = max(cfg.recompile_limit, 2 * variants)
+    cfg.recompile_limit = max(8, 2 * variants)
+    cfg.fail_on_recompile_limit_hit = True
     return torch.compile(model, mode=mode)
 
 

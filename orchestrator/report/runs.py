@@ -69,7 +69,20 @@ class SweepRuns:
     histories: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]  # run id -> key -> (steps, values)
     duplicates: list[dict[str, Any]]
     notes: list[str]
-    parent_metrics: dict[str, float] = field(default_factory=dict)  # the latest parent run's (sweep/wall_s, ...)
+    parent_metrics: dict[str, float] = field(default_factory=dict)  # the latest parent run's numbers (sweep/wall_s...)
+
+
+def _parent_numbers(parent) -> dict[str, float]:
+    """The parent run's metrics and its numeric ``sweep/*`` tags (wall time, slots, launches: tags so
+    that they are no chart beside the trials'; sweeps launched before logged them as metrics)."""
+    out = dict(parent.data.metrics)
+    for k, v in parent.data.tags.items():
+        if k.startswith("sweep/"):
+            try:
+                out[k] = float(v)
+            except ValueError:
+                pass
+    return out
 
 
 def _lookup(params: dict[str, Any], tags: dict[str, str], key: str) -> Any:
@@ -218,7 +231,7 @@ def collect_runs(found: FoundRuns, metric: str, cl) -> SweepRuns:
     return SweepRuns(found.name, found.tracking_uri, found.experiment_ids,
                      parent.info.run_id if parent else None, [p.info.run_id for p in found.parents],
                      frame, histories, duplicates, list(found.notes),
-                     dict(parent.data.metrics) if parent else {})
+                     _parent_numbers(parent) if parent else {})
 
 
 def load_runs(name: str, metric: str = DEFAULT_METRIC, cl=None) -> SweepRuns:

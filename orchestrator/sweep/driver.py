@@ -170,16 +170,17 @@ def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
 def _log_wall(cl, parent: str, spec: SweepSpec, elapsed: float, ray_start_s: float, launch: int) -> None:
     """The parent run's ``sweep/wall_s`` (Tune's fit, summed over the launches), ``sweep/slots``
     (trials that run at once), ``sweep/ray_start_s`` and ``sweep/launches``: the report's
-    efficiency ratio. Never fails the sweep."""
+    efficiency ratio. Tags, not metrics: a parent metric is a chart section of its own beside the
+    trials' (``orchestrator.sweep.finish``). Never fails the sweep."""
     try:
         import ray
 
-        prior = cl.get_run(parent).data.metrics.get("sweep/wall_s", 0.0) if launch > 1 else 0.0
+        prior = float(cl.get_run(parent).data.tags.get("sweep/wall_s", 0.0)) if launch > 1 else 0.0
         slots = concurrent_slots(spec, ray.cluster_resources() if ray.is_initialized() else {}, spec.n_trials())
         for key, value in (("sweep/wall_s", prior + elapsed), ("sweep/slots", slots),
                            ("sweep/ray_start_s", ray_start_s), ("sweep/launches", launch)):
-            cl.log_metric(parent, key, float(value), step=launch)
-    except Exception as e:  # noqa: BLE001 - a timing metric never fails a sweep
+            cl.set_tag(parent, key, repr(float(value)))
+    except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
         log.warning("sweep wall time not logged: %s", e)
 
 

@@ -6,9 +6,9 @@ The parent's summary is tags (``best_trial_id``, ``best_run_id``, ``best_metric`
 a metric of the parent would be a chart of its own beside the trials' charts (one bar, the parent's)
 in every chart view of the experiment, and params cannot change when a later launch finishes the
 sweep. Tags are shown on the parent's page, searchable (``tags.best_trial_id``) and updated by
-each launch. The parent's own measurements (``sweep/*``: wall time and slots; the report's
-``scaling/*`` and ``isoflop/*``) are metrics under names no trial logs, so none of them is a bar
-in a trial chart (``make dashboard-check`` checks that).
+each launch; so are the sweep's wall time and slots (``sweep/*``, ``orchestrator.sweep.driver``).
+The report's ``scaling/*`` and ``isoflop/*`` numbers are metrics of the parent (the scaling fits as
+metrics) under names no trial logs, so none is a bar in a trial chart (``make dashboard-check``).
 
 Ray's saved experiment state is the truth for a resume: a trial RUNNING or PENDING there is
 unfinished (an interrupted sweep reports its stopped trials as terminated in memory, but saves

@@ -7,7 +7,7 @@ import torch
 
 from orchestrator.bench import step
 from orchestrator.bench.run import run_bench
-from orchestrator.bench.shapes import DEPTH_MIXES, PEER, QUICK_SHAPES, bench_routers
+from orchestrator.bench.shapes import DEPTH_MIXES, PEER, QUICK_SHAPES, Shape, bench_routers
 from orchestrator.bench.timing import median_ci, paired_times
 
 
@@ -74,8 +74,8 @@ def test_paired_times_put_every_variant_between_two_baseline_steps():
     assert len(times["none"]) == 9 and times["a"] == [3.0] * 3
 
 
-def _compiled_quick_run(tmp_path, compile_mode="default"):
-    out = run_bench(out_dir=tmp_path, quick=True, shapes=(QUICK_SHAPES[1],), routers=("first-4",), decode=False,
+def _compiled_quick_run(tmp_path, compile_mode="default", shapes=(QUICK_SHAPES[1],)):
+    out = run_bench(out_dir=tmp_path, quick=True, shapes=shapes, routers=("first-4",), decode=False,
                     compile=compile_mode)
     with open(tmp_path / "bench.csv") as f:
         rows = list(csv.DictReader(f))
@@ -99,7 +99,13 @@ def test_quick_bench_with_compiled_rows(tmp_path, monkeypatch):
     graphs Inductor would get); the slow test below runs Inductor."""
     real = torch.compile
     monkeypatch.setattr(step.torch, "compile", lambda model, mode=None: real(model, backend="aot_eager"))
-    _compiled_quick_run(tmp_path)
+    # Three shapes: Dynamo counts recompiles of Decoder.forward across every model of the process,
+    # and a limit reached would run the later shapes' variants eagerly under "compiled" labels
+    # (the full bench hit it at its third shape). Reaching the limit raises here.
+    shapes = (*QUICK_SHAPES, Shape("L2-MHA", 2, 8, 1))
+    with torch._dynamo.config.patch(recompile_limit=8, fail_on_recompile_limit_hit=True):  # restored after
+        rows = _compiled_quick_run(tmp_path, shapes=shapes)
+    assert {r["shape"] for r in rows} == {s.name for s in shapes}
 
 
 @pytest.mark.slow

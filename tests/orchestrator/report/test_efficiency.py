@@ -85,9 +85,9 @@ def test_the_report_shows_the_ratio_from_the_parent_run_and_the_trials(store):
         cl.log_metric(rid, "startup/to_first_step_s", 2.0 + i, step=10)
         cl.log_metric(rid, "startup/worker_trial", 1.0 + (i >= 2), step=10)
     for launch, wall in ((1, 50.0), (2, 96.0)):  # the driver logs the sum over launches
-        cl.log_metric(parent, "sweep/wall_s", wall, step=launch)
-        cl.log_metric(parent, "sweep/launches", launch, step=launch)
-    cl.log_metric(parent, "sweep/slots", 2.0, step=2)
+        cl.set_tag(parent, "sweep/wall_s", str(wall))  # as the driver does: tags, the latest launch's
+        cl.set_tag(parent, "sweep/launches", str(launch))
+    cl.set_tag(parent, "sweep/slots", "2.0")
     md = build_report(name, out=root / "out").read_text()
     compute = md.split("## Compute", 1)[1].split("## ", 1)[0]
     # 4 runs of 60 s at 2 slots: ideal 120 s; the last launch's sum, 96 s: 0.8

@@ -201,8 +201,9 @@ def test_a_ray_sweep_reuses_its_workers_and_records_its_start_up_and_wall_time(t
     (parent,) = [x for x in runs if x.data.tags.get("sweep_role") == "parent"]
     trials = {x.data.tags["trial_id"]: x for x in runs if x.data.tags.get("sweep_role") == "trial"}
     assert sorted(trials) == sorted(ids)
-    pm = parent.data.metrics
+    pm = {k: float(v) for k, v in parent.data.tags.items() if k.startswith("sweep/")}
     assert pm["sweep/slots"] == 1 and pm["sweep/wall_s"] > 0 and pm["sweep/launches"] == 1
+    assert not any(k.startswith("sweep/") for k in parent.data.metrics)  # tags: no chart beside the trials'
     for t in spec.trials():
         run = trials[t.trial_id]
         assert run.data.tags["status"] == "finished"
