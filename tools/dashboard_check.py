@@ -25,12 +25,9 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.core import dashboard  # noqa: E402
 from tools.browser import CHROMIUM, Browser, BrowserError  # noqa: E402
+from tools.procs import Proc, free_port, pids_naming, send, wait_http  # noqa: E402
 
 BIN = Path(sys.executable).parent
 SWEEP = "dashboard-check"
@@ -57,63 +55,6 @@ resources: {{cpu: 0.5, gpu: 0}}
 max_concurrent: 4
 """
 PAGE_TIMEOUT_S = 90.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Proc:
-    """A process in a session of its own; ``stop`` ends its process group by PID."""
-
-    def __init__(self, argv: list[str], log: Path, env: dict):
-        self.log = open(log, "ab")
-        self.p = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def stop(self, grace: float = 15.0) -> None:
-        if self.p.poll() is None:
-            _signal(self.p.pid, signal.SIGTERM, group=True)
-            try:
-                self.p.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        _signal(self.p.pid, signal.SIGKILL, group=True)
-        self.p.wait()
-        self.log.close()
-
-
-def _signal(pid: int, sig: int, group: bool = False) -> None:
-    try:
-        os.killpg(pid, sig) if group else os.kill(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def pids_naming(marker: str) -> list[int]:
-    """Processes whose command line contains ``marker`` (this check's private temp folder)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
-                    out.append(int(d.name))
-            except OSError:
-                continue
-    return out
-
-
-def wait_http(url: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"{url}: no answer within {timeout:g} s")
 
 
 class Check:
@@ -246,9 +187,9 @@ def run(out: Path, work: Path, timings: dict) -> Check:
         return chk
     finally:
         for p in reversed(procs):
-            p.stop()
+            p.stop(grace=15.0, term_group=True)
         for pid in pids_naming(str(work)):  # Ray's processes, if the sweep was cut short
-            _signal(pid, signal.SIGKILL)
+            send(pid, signal.SIGKILL)
 
 
 def main() -> int:

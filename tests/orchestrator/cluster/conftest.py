@@ -13,25 +13,17 @@ import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
+from tools.procs import Proc, free_port, wait_http
+
 BIN = Path(sys.executable).parent
 NODE_ID = re.compile(r"_([0-9a-f]{56})$")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def clean_env(home: Path, **extra: str) -> dict:
@@ -39,63 +31,6 @@ def clean_env(home: Path, **extra: str) -> dict:
     env.update(HOME=str(home), PATH=f"{BIN}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
     env.update(extra)
     return env
-
-
-class Proc:
-    """A process started in a new session; ``stop`` ends its whole process group."""
-
-    def __init__(self, argv: list[str], log: Path, env: dict, marker: str | None = None):
-        self.log, self.marker = log, marker
-        self.f = open(log, "ab")
-        self.p = subprocess.Popen(argv, stdout=self.f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-
-    def wait_for(self, what: str, timeout: float) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if what in self.log.read_text(errors="replace"):
-                return
-            if self.p.poll() is not None:
-                break
-            time.sleep(0.2)
-        raise RuntimeError(f"{self.log.name}: no {what!r} within {timeout:g} s:\n" + self.log.read_text()[-3000:])
-
-    def stop(self, grace: float = 20.0) -> None:
-        if self.p.poll() is None:
-            with _no_such_process():
-                os.kill(self.p.pid, signal.SIGTERM)  # `ray start --block` stops its node's processes
-            try:
-                self.p.wait(grace)
-            except subprocess.TimeoutExpired:
-                pass
-        with _no_such_process():
-            os.killpg(self.p.pid, signal.SIGKILL)
-        if self.marker:
-            for pid in _pids_naming(self.marker):
-                with _no_such_process():
-                    os.kill(pid, signal.SIGKILL)
-        self.p.wait()
-        self.f.close()
-
-
-class _no_such_process:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, typ, exc, tb):
-        return typ is ProcessLookupError
-
-
-def _pids_naming(marker: str) -> list[int]:
-    """Processes whose command line contains ``marker`` (a private temp dir of this fixture)."""
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and int(d.name) != os.getpid():
-            try:
-                if marker in (d / "cmdline").read_bytes().decode(errors="replace"):
-                    out.append(int(d.name))
-            except OSError:
-                continue
-    return out
 
 
 @dataclass
@@ -118,21 +53,6 @@ def _node_id(temp: Path) -> str:
         if m:
             return m.group(1)
     raise RuntimeError(f"no node id in {temp}/session_latest")
-
-
-def _wait_http(url: str, timeout: float, proc: Proc) -> None:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        if proc.p.poll() is not None:
-            break
-        time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer within {timeout:g} s:\n" + proc.log.read_text()[-3000:])
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +86,7 @@ def cluster(tmp_path_factory):
                       root / "ray-worker.log", clean_env(home, RAY_AUTH_MODE="token"), str(temp_worker))
         procs.append(worker)
         worker.wait_for("Ray runtime started", 120)
-        _wait_http(f"http://127.0.0.1:{port}/health", 120, server)
+        wait_http(f"http://127.0.0.1:{port}/health", 120, server)
         c = Cluster(root=root, home=home, address=f"127.0.0.1:{gcs}", mlflow_uri=f"http://127.0.0.1:{port}",
                     artifacts=root / "mlartifacts")
         c.node_ids = {"head": _node_id(temp_head), "worker": _node_id(temp_worker)}

@@ -15,7 +15,6 @@ unequal target tokens: 4.3e-3), and the loss moves by 1.6 over the run.
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -26,18 +25,13 @@ from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.distributed import DistributedHook, RankSlice, check_split
 from orchestrator.engine.train import Tracking, load_checkpoint, run_trial, trial_hooks
 from orchestrator.engine.trainer import Trainer
+from tools.procs import free_port
 
 TINY = {"preset": "tiny", "model": {"n_layers": 3, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64,
                                     "router": "full"},
         "data": {"source": "builtin"}, "optim": {"lr": 3.0e-3, "min_lr": 3.0e-4, "warmup_steps": 2},
         "train": {"steps": 12, "batch_size": 4, "seq_len": 32, "log_interval": 1, "eval_interval": 6,
                   "eval_batches": 2, "threads": 1, "device": "cpu"}}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world: int, port: int, cfg: dict, out: str, strategy: str) -> None:
@@ -57,7 +51,7 @@ def _worker(rank: int, world: int, port: int, cfg: dict, out: str, strategy: str
 
 def _run_workers(tmp_path: Path, cfg: dict, world: int = 2, strategy: str = "ddp") -> list[dict]:
     tmp_path.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(_worker, args=(world, _free_port(), cfg, str(tmp_path), strategy), nprocs=world,
+    mp.start_processes(_worker, args=(world, free_port(), cfg, str(tmp_path), strategy), nprocs=world,
                        start_method="spawn", join=True)
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 

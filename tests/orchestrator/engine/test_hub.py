@@ -7,7 +7,6 @@ nothing listens on (refused at once), or the connection is made to hang (the pro
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -19,25 +18,18 @@ import yaml
 from lime_arch import ConfigError
 from orchestrator.engine.config import DataConfig
 from orchestrator.engine.data import hub, make_batches
+from tools.procs import free_port  # a local port nothing listens on: refused at once
 
 ROOT = Path(__file__).resolve().parents[3]
 LIME = str(Path(sys.executable).parent / "lime")
 ALTERNATIVES = ("HF_HUB_OFFLINE", "tokenizer.json", "save_to_disk")
 
 
-def _closed_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()  # nothing listens there now: a connection is refused
-    return port
-
-
 @pytest.fixture
 def no_hub(monkeypatch):
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{free_port()}")
 
 
 def _local(tmp_path: Path) -> tuple[str, str]:
@@ -101,7 +93,7 @@ def test_offline_reads_only_the_cache_and_says_so(tmp_path, no_hub, monkeypatch)
 
 
 def test_lime_train_on_hf_without_the_hub_exits_2_with_one_line(tmp_path):
-    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "MLFLOW_TRACKING_URI":
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "MLFLOW_TRACKING_URI":
            f"sqlite:///{tmp_path}/m.db"}
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
         env.pop(k, None)
@@ -123,7 +115,7 @@ def test_a_sweep_does_not_retry_a_trial_that_cannot_reach_the_hub(tmp_path):
            "grid": {"router": ["none"], "seed": [0]}, "resources": {"cpu": 1}, "max_failures": 2}
     path = tmp_path / "nohub.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{_closed_port()}", "MLFLOW_TRACKING_URI":
+    env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "MLFLOW_TRACKING_URI":
            f"sqlite:///{tmp_path}/m.db", "LIME_RESULTS": str(tmp_path / "results"), "OMP_NUM_THREADS": "1"}
     for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "RAY_ADDRESS", "LIME_FAULT_ONCE"):
         env.pop(k, None)
