@@ -41,7 +41,7 @@ def _machine(info: dict) -> list[str]:
     L.append(f"| load average at start / end | {', '.join(f'{x:.1f}' for x in info['load_start'])} / "
              f"{', '.join(f'{x:.1f}' for x in info['load_end'])} |")
     L.append(f"| batch x sequence, vocab | {info['batch']} x {info['seq']}, {info['vocab']} |")
-    L.append(f"| torch.compile rows | {info.get('compile', 'none')} |")
+    L.append(f"| torch.compile rows | {info.get('compile', 'none')} at {info.get('compile_shapes', '-')} |")
     L.append(f"| run time | {info['seconds']:.0f} s |")
     return L
 

@@ -38,6 +38,7 @@ from orchestrator.bench.alone import time_alone
 from orchestrator.bench.outputs import write_outputs
 from orchestrator.bench.shapes import (
     BATCH,
+    COMPILE_SHAPES,
     DEPTH_MIXES,
     PEER,
     QUICK_BATCH,
@@ -96,6 +97,7 @@ class _Setup:
     seq: int
     bw: float  # measured streaming bandwidth, GB/s
     compile: str | None = None  # a torch.compile mode: compiled rows beside the eager ones
+    compile_shapes: frozenset[str] = frozenset()  # the shapes that get them
 
     def case(self, cfg, with_amp: bool = True, compile_mode: str | None = None) -> dict:
         """A memory worker's case (JSON-able); the quick run's in-process cases leave out ``amp``."""
@@ -137,7 +139,7 @@ def _shape_rows(s: _Setup, sh: Shape, labels: list[str], memory_on: bool) -> lis
     the routing alone) and build its rows."""
     if s.quick:
         sh = Shape(sh.name, sh.n_layers, sh.n_kv_heads, 1)
-    modes = [None] if s.compile is None else [None, s.compile]
+    modes = [None] if s.compile is None or sh.name not in s.compile_shapes else [None, s.compile]
     timed = {mode: time_shape(sh, labels, s.dev, s.threads, s.amp, s.batch, s.seq,
                               warmup=1 if s.quick or sh.n_layers >= 64 else 2, hwm=s.quick and memory_on,
                               compile_mode=mode) for mode in modes}
@@ -169,7 +171,8 @@ def _add_memory(s: _Setup, rows: list[dict], sub) -> None:
 def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False, *, device: str | None = None,
               threads: int | None = 1, shapes: tuple[Shape, ...] | None = None,
               routers: Sequence[str] | None = None, memory: bool = True, decode: bool = True,
-              depth_mixes: Sequence[str] = DEPTH_MIXES, compile: str | None = None) -> dict:
+              depth_mixes: Sequence[str] = DEPTH_MIXES, compile: str | None = None,
+              compile_shapes: Sequence[str] | None = None) -> dict:
     """Run the benchmark, write ``bench.md``, ``bench.csv`` and ``decode.csv`` under ``out_dir``.
 
     ``routers``: router specs (default: every registered router, ``shapes.bench_routers``); ``none``
@@ -177,21 +180,24 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     row (default DenseFormer and Hyper-Connections, the paper's Table 17). ``quick``: tiny shapes,
     one repetition, memory in-process except one subprocess case. ``compile``: a torch.compile mode
     (``default``, ``reduce-overhead``; None or ``none``: eager only) whose rows are added beside the
-    eager ones. Returns ``{"paths": [...], "rows": [...], "decode": [...], "checks": [...],
-    "machine": {...}}``."""
+    eager ones, at the shapes named in ``compile_shapes`` (default: ``shapes.COMPILE_SHAPES``, the paper's
+    16-layer Table 17 models; every shape of a quick run). Returns ``{"paths": [...], "rows": [...],
+    "decode": [...], "checks": [...], "machine": {...}}``."""
     t_start = time.perf_counter()
     dev = device_of(device)
     if threads and dev.type == "cpu":
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     shapes = shapes or (QUICK_SHAPES if quick else SHAPES)
+    if compile_shapes is None:
+        compile_shapes = [sh.name for sh in shapes] if quick else COMPILE_SHAPES
     labels = list(dict.fromkeys(["none", *(bench_routers() if routers is None else routers), PEER,
                                  *depth_mix_labels(depth_mixes)]))
     malloc = steady_malloc() if dev.type == "cpu" and not quick else False
     load0 = os.getloadavg()
     batch, seq = (QUICK_BATCH, QUICK_SEQ) if quick else (BATCH, SEQ)
     s = _Setup(dev, threads, dev.type == "cuda", quick, batch, seq, mem.measure_bandwidth(32 if quick else 256),
-               None if compile in (None, "none") else compile)
+               None if compile in (None, "none") else compile, frozenset(compile_shapes))
     # quick: the subprocess path once, for the first shape's none, overlapping the timing
     sub = mem.start_subprocess(s.case(bench_cfg(shapes[0], "none", dev, seq))) if memory and quick else None
     rows = [row for sh in shapes for row in _shape_rows(s, sh, labels, memory)]
@@ -207,6 +213,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     info.update(bandwidth_gbs=s.bw, steady_malloc=malloc, load_start=load0, load_end=os.getloadavg(),
                 clock=clock(dev, threads)[1], batch=batch, seq=seq, vocab=VOCAB, quick=quick,
                 compile=s.compile or "none",
+                compile_shapes=",".join(sh.name for sh in shapes if s.compile and sh.name in s.compile_shapes) or "-",
                 seconds=time.perf_counter() - t_start)
     chk = checks(rows, dec)
     paths = write_outputs(Path(out_dir), rows, dec, chk, info)

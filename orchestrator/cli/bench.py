@@ -11,7 +11,14 @@ import argparse
 import lime_arch
 import orchestrator.bench
 from lime_arch.errors import ConfigError
-from orchestrator.bench.shapes import COMPILE_MODES, SHAPES_BY_NAME, bench_routers
+from orchestrator.bench.shapes import (
+    COMPILE_MODES,
+    COMPILE_SHAPES,
+    QUICK_SHAPES,
+    SHAPES,
+    SHAPES_BY_NAME,
+    bench_routers,
+)
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger
 
@@ -34,6 +41,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="add rows with the model's forward torch.compile'd in this mode beside the eager rows, "
                          "each paired against none compiled alike (the paper's Table 17 setting): "
                          + ", ".join(COMPILE_MODES) + " (default none: eager only)")
+    ap.add_argument("--compile-shapes", metavar="SHAPES",
+                    help="the shapes that get compiled rows: comma-separated, or 'all' (default "
+                         + ",".join(COMPILE_SHAPES) + ", the paper's 16-layer Table 17 models; a cold whole-model "
+                         "build of one L64 variant takes minutes on CPU)")
     ap.add_argument("--profile", action="store_true",
                     help="instead of the benchmark: profile the routing alone, product by product, against "
                          "same-shaped reference GEMMs (profile.md in --out; default shapes L64-MHA,L128-MHA, "
@@ -67,6 +78,25 @@ def _depth_mixes(spec: str | None) -> tuple[str, ...] | None:
     return tuple(d for d in mixes if d != "none")
 
 
+def _compile_shapes(a: argparse.Namespace, shapes) -> tuple[str, ...] | None:
+    """The shapes that get compiled rows (None: ``run_bench``'s default); a list that compiles none
+    of the benchmarked shapes is an error, not a silently eager run."""
+    spec = getattr(a, "compile_shapes", None)
+    if spec is None and (a.quick or a.compile == "none"):
+        return None
+    if spec is not None and a.compile == "none":
+        raise ConfigError("bench.compile_shapes: needs a compile mode (--compile default or reduce-overhead)")
+    names = tuple(SHAPES_BY_NAME) if spec == "all" else tuple((spec or ",".join(COMPILE_SHAPES)).split(","))
+    bad = [n for n in names if n not in SHAPES_BY_NAME]
+    if bad:
+        raise ConfigError(f"bench.compile_shapes: unknown {', '.join(bad)}; allowed: all, {', '.join(SHAPES_BY_NAME)}")
+    ran = [sh.name for sh in shapes or (QUICK_SHAPES if a.quick else SHAPES)]
+    if not set(names) & set(ran):
+        raise ConfigError(f"bench.compile_shapes: {', '.join(names)} compiles none of the benchmarked shapes "
+                          f"({', '.join(ran)}); pass --compile-shapes all or some of them")
+    return names
+
+
 def options(a: argparse.Namespace) -> dict:
     """Checked keyword arguments of ``run_bench``; a bad value raises one ConfigError line (a cuda
     device torch cannot see is ``run_bench``'s first check)."""
@@ -85,7 +115,7 @@ def options(a: argparse.Namespace) -> dict:
         raise ConfigError(f"bench.compile: {a.compile!r}; allowed: {', '.join(COMPILE_MODES)}")
     out = {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode,
-           "compile": None if a.compile == "none" else a.compile}
+           "compile": None if a.compile == "none" else a.compile, "compile_shapes": _compile_shapes(a, shapes)}
     mixes = _depth_mixes(getattr(a, "depth_mixes", None))
     return out if mixes is None else {**out, "depth_mixes": mixes}
 

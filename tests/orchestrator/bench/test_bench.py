@@ -111,3 +111,14 @@ def test_quick_bench_with_compiled_rows(tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_quick_bench_compiled_with_inductor(tmp_path):
     _compiled_quick_run(tmp_path)
+
+
+def test_compiled_rows_only_at_the_compile_shapes(tmp_path, monkeypatch):
+    """``compile_shapes`` picks the shapes that get compiled rows; the others stay eager only."""
+    real = torch.compile
+    monkeypatch.setattr(step.torch, "compile", lambda model, mode=None: real(model, backend="aot_eager"))
+    out = run_bench(out_dir=tmp_path, quick=True, shapes=QUICK_SHAPES, routers=("first-4",), decode=False,
+                    memory=False, depth_mixes=(), compile="default", compile_shapes=("L3-GQA",))
+    got = {(r["shape"], r["compile"]) for r in out["rows"]}
+    assert got == {("L3-MHA", "eager"), ("L3-GQA", "eager"), ("L3-GQA", "default")}
+    assert out["machine"]["compile_shapes"] == "L3-GQA"

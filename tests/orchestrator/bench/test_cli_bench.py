@@ -13,6 +13,9 @@ BAD = [
     (["--device", "tpu"], "bench.device"),
     (["--depth-mixes", "denseformer,densformer"], "bench.depth_mixes"),
     (["--compile", "max"], "bench.compile"),
+    (["--compile-shapes", "L16-MHA"], "bench.compile_shapes"),  # without a compile mode
+    (["--compile", "default", "--compile-shapes", "L16-MHA,L99"], "bench.compile_shapes"),
+    (["--compile", "default", "--shapes", "L64-MHA"], "bench.compile_shapes"),  # default L16s: nothing compiled
 ]
 
 
@@ -22,6 +25,21 @@ def test_bad_bench_options_exit_2(argv, field, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {field}"), err
     assert not (tmp_path / "b").exists()  # nothing ran
+
+
+def test_compile_shapes_default_to_table_17_models():
+    from orchestrator.cli import build_parser
+    from orchestrator.cli.bench import options
+
+    def kw(*argv):
+        return options(build_parser().parse_args(["bench", *argv]))
+
+    assert kw("--compile", "default")["compile_shapes"] == ("L16-MHA", "L16-GQA")
+    assert kw("--compile", "default", "--compile-shapes", "all")["compile_shapes"] == \
+        ("L16-MHA", "L16-GQA", "L64-MHA", "L128-MHA", "L3-MHA", "L3-GQA")
+    one = kw("--compile", "default", "--shapes", "L64-MHA", "--compile-shapes", "L64-MHA")
+    assert one["compile_shapes"] == ("L64-MHA",)
+    assert kw()["compile_shapes"] is None and kw("--quick", "--compile", "default")["compile_shapes"] is None
 
 
 def test_bench_logs_rows_and_decode_to_mlflow(tmp_path, mlflow_uri, capsys):
