@@ -25,8 +25,8 @@ DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4"), (1, 8)
 COMPILE_MODES = ("none", "default", "reduce-overhead")
 # The shapes compiled by default: the paper's Table 17 models have 16 layers (1B, MHA and GQA). A
 # whole-model Inductor build grows with depth: cold, one variant of L64-MHA took 220 s on the 2-core
-# dev CPU (L16: 48 s), so compiled rows at L64 and L128 (16 variants each, and again in the memory
-# subprocesses) would add hours; ``--compile-shapes all`` asks for them.
+# dev CPU (L16: 48 s), so compiled rows at L64 and L128 (11 variants each, and again in the memory
+# subprocesses) would add well over an hour; ``--compile-shapes all`` asks for them.
 COMPILE_SHAPES = ("L16-MHA", "L16-GQA")
 
 # Router families run at their declared example argument (first-4: the paper's serving setting,
