@@ -38,7 +38,6 @@ from orchestrator.bench.alone import time_alone
 from orchestrator.bench.outputs import write_outputs
 from orchestrator.bench.shapes import (
     BATCH,
-    COMPILE_SHAPES,
     DEPTH_MIXES,
     PEER,
     QUICK_BATCH,
@@ -49,6 +48,7 @@ from orchestrator.bench.shapes import (
     VOCAB,
     Shape,
     bench_routers,
+    compile_shape_names,
     depth_mix_labels,
     split_label,
 )
@@ -189,15 +189,15 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
         torch.set_num_threads(threads)
     threads = torch.get_num_threads()
     shapes = shapes or (QUICK_SHAPES if quick else SHAPES)
-    if compile_shapes is None:
-        compile_shapes = [sh.name for sh in shapes] if quick else COMPILE_SHAPES
+    if compile not in (None, "none") and compile_shapes is None:
+        compile_shapes = compile_shape_names(None, [sh.name for sh in shapes], quick)
     labels = list(dict.fromkeys(["none", *(bench_routers() if routers is None else routers), PEER,
                                  *depth_mix_labels(depth_mixes)]))
     malloc = steady_malloc() if dev.type == "cpu" and not quick else False
     load0 = os.getloadavg()
     batch, seq = (QUICK_BATCH, QUICK_SEQ) if quick else (BATCH, SEQ)
     s = _Setup(dev, threads, dev.type == "cuda", quick, batch, seq, mem.measure_bandwidth(32 if quick else 256),
-               None if compile in (None, "none") else compile, frozenset(compile_shapes))
+               None if compile in (None, "none") else compile, frozenset(compile_shapes or ()))
     # quick: the subprocess path once, for the first shape's none, overlapping the timing
     sub = mem.start_subprocess(s.case(bench_cfg(shapes[0], "none", dev, seq))) if memory and quick else None
     rows = [row for sh in shapes for row in _shape_rows(s, sh, labels, memory)]

@@ -5,9 +5,11 @@ registry is reached through ``lime_arch``'s lazy public names, only when ``bench
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import lime_arch
+from lime_arch.errors import ConfigError
 
 PEER = "full/concat"  # label of the naive reference: full routing, the paper's concatenation
 # The paper's Table 17 peers (arXiv 2502.09245): rows labelled ``none+<depth mix>`` (a label is
@@ -66,3 +68,20 @@ def split_label(label: str) -> tuple[str, str, str]:
 def depth_mix_labels(depth_mixes=DEPTH_MIXES) -> tuple[str, ...]:
     """The benchmark labels of the depth-mix rows: each depth mix over the none router."""
     return tuple(f"none+{d}" for d in depth_mixes if d != "none")
+
+
+def compile_shape_names(spec: str | None, ran: Sequence[str], quick: bool = False) -> tuple[str, ...]:
+    """The shapes that get compiled rows: ``spec`` is ``all``, a comma-separated list, or None for
+    the default (``COMPILE_SHAPES``; every shape of a quick run). ``ran``: the benchmarked shapes.
+    An unknown name, or a list that compiles none of ``ran`` (a silently eager run), is a ConfigError."""
+    if spec is None:
+        names = tuple(ran) if quick else COMPILE_SHAPES
+    else:
+        names = tuple(SHAPES_BY_NAME) if spec == "all" else tuple(spec.split(","))
+    bad = [n for n in names if n not in SHAPES_BY_NAME]
+    if bad:
+        raise ConfigError(f"bench.compile_shapes: unknown {', '.join(bad)}; allowed: all, {', '.join(SHAPES_BY_NAME)}")
+    if not set(names) & set(ran):
+        raise ConfigError(f"bench.compile_shapes: {', '.join(names)} compiles none of the benchmarked shapes "
+                          f"({', '.join(ran)}); pass --compile-shapes all or some of them")
+    return names

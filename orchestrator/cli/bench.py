@@ -18,6 +18,7 @@ from orchestrator.bench.shapes import (
     SHAPES,
     SHAPES_BY_NAME,
     bench_routers,
+    compile_shape_names,
 )
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger
@@ -79,22 +80,13 @@ def _depth_mixes(spec: str | None) -> tuple[str, ...] | None:
 
 
 def _compile_shapes(a: argparse.Namespace, shapes) -> tuple[str, ...] | None:
-    """The shapes that get compiled rows (None: ``run_bench``'s default); a list that compiles none
-    of the benchmarked shapes is an error, not a silently eager run."""
+    """The shapes that get compiled rows (None: ``run_bench``'s default), checked before anything runs."""
     spec = getattr(a, "compile_shapes", None)
     if spec is None and (a.quick or a.compile == "none"):
         return None
-    if spec is not None and a.compile == "none":
+    if a.compile == "none":
         raise ConfigError("bench.compile_shapes: needs a compile mode (--compile default or reduce-overhead)")
-    names = tuple(SHAPES_BY_NAME) if spec == "all" else tuple((spec or ",".join(COMPILE_SHAPES)).split(","))
-    bad = [n for n in names if n not in SHAPES_BY_NAME]
-    if bad:
-        raise ConfigError(f"bench.compile_shapes: unknown {', '.join(bad)}; allowed: all, {', '.join(SHAPES_BY_NAME)}")
-    ran = [sh.name for sh in shapes or (QUICK_SHAPES if a.quick else SHAPES)]
-    if not set(names) & set(ran):
-        raise ConfigError(f"bench.compile_shapes: {', '.join(names)} compiles none of the benchmarked shapes "
-                          f"({', '.join(ran)}); pass --compile-shapes all or some of them")
-    return names
+    return compile_shape_names(spec, [sh.name for sh in shapes or (QUICK_SHAPES if a.quick else SHAPES)], a.quick)
 
 
 def options(a: argparse.Namespace) -> dict:
