@@ -1,4 +1,4 @@
-"""The paired design's premise (orchestrator.report.paired): two trials with the same seed see
+"""The paired design's premise (orchestrator.report.compare.by_seed): two trials with the same seed see
 the same batches in the same order and start from the same weights for every parameter they
 share, whatever their router. Checked through the engine's own setup (Trainer), for every
 registered router (and every registered depth mix, when the model library has that registry)."""

@@ -353,7 +353,7 @@ def test_unknown_sweep_and_bad_metric(store, tmp_path, capsys):
 
 
 def test_router_heatmap_is_the_mean_over_seeds_of_logged_weights(router_sweep, store):
-    from orchestrator.report.plots import router_maps
+    from orchestrator.report.render.figures import router_maps
 
     f = router_sweep["runs"].frame
     ids = list(f[(f["router"] == "full") & (f["status"] == "finished")]["run_id"])

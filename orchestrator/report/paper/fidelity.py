@@ -1,12 +1,12 @@
 """The "paper vs this run" section: for a sweep that mirrors a paper result
-(``orchestrator.report.paper``), the paper's ordering and relative changes beside the measured
+(``orchestrator.report.paper.refs``), the paper's ordering and relative changes beside the measured
 ones, and whether each direction agrees.
 
 - Directions are compared as improvements (lower is better for perplexity and loss, higher for
   accuracy and scores, on each side separately), so a miniature that measures loss can be held
   against a paper table of benchmark scores. A paper row equal to its baseline has no direction.
 - "agrees" compares the sign of the measured mean change, significant or not; the verdict
-  column says whether this run could tell (``orchestrator.report.verdicts``).
+  column says whether this run could tell (``orchestrator.report.compare.verdicts``).
 - The ordering line counts the pairs of variants (the baseline included) that the run orders as
   the paper does (pairs the paper ties are skipped) and gives Kendall's tau-b.
 - Cost rows (Tables 15-17) show the paper's step-time, memory and parameter changes beside the
@@ -25,10 +25,10 @@ import numpy as np
 from scipy import stats as sps
 
 from orchestrator.core.fmt import cell_text, num, order_key, pct, table
-from orchestrator.report import verdicts
-from orchestrator.report.paired_types import PairedAnalysis
-from orchestrator.report.paper import PaperRef
-from orchestrator.report.stats import Comparison
+from orchestrator.report.compare import verdicts
+from orchestrator.report.compare.across_seeds import Comparison
+from orchestrator.report.compare.results import PairedAnalysis
+from orchestrator.report.paper.refs import PaperRef
 
 
 def _sign(x: float) -> int:

@@ -10,11 +10,16 @@ import pandas as pd
 
 from orchestrator.core.fmt import cell_text, norm_value, num, order_key, same_value
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import efficiency, fidelity, power, stats, tables, tuning, verdicts
-from orchestrator.report.paired_types import PairedAnalysis
-from orchestrator.report.paper import PaperRef
+from orchestrator.report import efficiency
+from orchestrator.report.compare import tuning, verdicts
+from orchestrator.report.compare.results import Comparison, PairedAnalysis
+from orchestrator.report.paper import fidelity
+from orchestrator.report.paper.refs import PaperRef
+from orchestrator.report.render import tables
+from orchestrator.report.render.comparisons import comparison_markdown, paired_markdown, verdict_lines
 from orchestrator.report.runs import SweepRuns
 from orchestrator.report.settings import SweepFile
+from orchestrator.report.stats import power
 
 
 @dataclass
@@ -25,9 +30,9 @@ class ReportData:
     sweep_file: SweepFile
     df: pd.DataFrame  # every trial, with a ``_cell`` label
     sdf: pd.DataFrame  # the trials the statistics use (after tuning; else df)
-    comp: stats.Comparison
+    comp: Comparison
     paired: PairedAnalysis
-    by_depth: dict[Any, tuple[stats.Comparison, PairedAnalysis]]
+    by_depth: dict[Any, tuple[Comparison, PairedAnalysis]]
     rows: list[dict[str, Any]]  # summary.csv
     labels: list[str]  # the cells in report order
     metric: str
@@ -116,12 +121,12 @@ def memory_text(df) -> str:
 
 
 def verdict_section(r: ReportData) -> list[str]:
-    return ["", "## Verdicts", "", *r.paired.verdict_lines()]
+    return ["", "## Verdicts", "", *verdict_lines(r.paired)]
 
 
 def statistics(r: ReportData) -> list[str]:
-    return ["", "## Statistics", "", "### Paired analysis (seeds as blocks)", "", r.paired.to_markdown().rstrip(),
-            "", "### Unpaired analysis (seeds as independent samples)", "", r.comp.to_markdown().rstrip()]
+    return ["", "## Statistics", "", "### Paired analysis (seeds as blocks)", "", paired_markdown(r.paired).rstrip(),
+            "", "### Unpaired analysis (seeds as independent samples)", "", comparison_markdown(r.comp).rstrip()]
 
 
 def tuning_section(r: ReportData) -> list[str]:
@@ -155,8 +160,8 @@ def results_by_depth(r: ReportData) -> list[str]:
         scope = f"n_layers={cell_text(d)}"
         lines += [f"### n_layers = {cell_text(d)}", ""]
         lines += tables.paper_table([row for row in r.rows if row["scope"] == scope], c.confidence)
-        lines += ["", "Verdicts:", "", *pa.verdict_lines(), "", pa.to_markdown().rstrip(), "",
-                  c.to_markdown().rstrip(), ""]
+        lines += ["", "Verdicts:", "", *verdict_lines(pa), "", paired_markdown(pa).rstrip(), "",
+                  comparison_markdown(c).rstrip(), ""]
     return lines
 
 

@@ -1,6 +1,6 @@
 """Verdicts: is a variant better or worse than the baseline, or can this sweep not tell?
 
-A verdict reads one paired comparison (``orchestrator.report.paired``): the Holm-adjusted p of
+A verdict reads one paired comparison (``orchestrator.report.compare.by_seed``): the Holm-adjusted p of
 the paired permutation test of the mean difference, the smallest Holm-adjusted p the design
 can reach, and the direction of the metric. The rules, in order:
 
@@ -10,7 +10,7 @@ can reach, and the direction of the metric. The rules, in order:
 3. Holm-adjusted p < alpha: "better" or "worse", from the sign of the mean difference and the
    metric's direction;
 4. otherwise "no detectable difference", with the minimal detectable effect at this n (the
-   true mean difference the test finds with 80% power, ``orchestrator.report.power``) and the
+   true mean difference the test finds with 80% power, ``orchestrator.report.stats.power``) and the
    observed spread of the per-seed differences, so "no difference" is never read as "equal".
 
 The direction: lower is better unless the metric's name says accuracy (``acc``, ``exact``,

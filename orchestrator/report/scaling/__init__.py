@@ -1,7 +1,7 @@
 """The report's hook for the scaling analysis and the iso-FLOP comparison.
 
 ``build`` (called by ``orchestrator.report.build``) turns the finished trials into lines and
-rungs (``scaling_data``), writes ``scaling.png`` when the sweep has a size axis, and returns the
+rungs (``rungs``), writes ``scaling.png`` when the sweep has a size axis, and returns the
 markdown of both sections with the numbers the parent MLflow run gets as metrics (``log``):
 ``scaling/<variant>/E|A|alpha`` (and ``_ci_low``/``_ci_high``), ``.../N/...`` and ``.../ND/...``
 for the fits against parameters, ``.../holdout_error(_pct)``, ``.../multiplier_at_max`` (with its
@@ -24,10 +24,10 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.core.fmt import slug
-from orchestrator.report import isoflop, scaling, scaling_depth, scaling_sections
-from orchestrator.report.plots import finished
-from orchestrator.report.scaling_data import build_lines, draws, has_size_axis
-from orchestrator.report.scaling_plots import plot_scaling
+from orchestrator.report.render.figures import finished
+from orchestrator.report.scaling import depth, fits, isoflop, markdown
+from orchestrator.report.scaling.figure import plot_scaling
+from orchestrator.report.scaling.rungs import build_lines, draws, has_size_axis
 
 __all__ = ["ScalingSection", "build", "log"]
 PLOT = "scaling.png"
@@ -44,7 +44,7 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
           factors: list[str], out_dir: Path, name: str, seed: int = 0,
           n_boot: int | None = None) -> ScalingSection:
     """The iso-FLOP and scaling sections of a report (see the module docstring)."""
-    n_boot = scaling.N_BOOT if n_boot is None else n_boot
+    n_boot = fits.N_BOOT if n_boot is None else n_boot
     lines = build_lines(finished(df), metric, axis, baseline, factors)
     out = ScalingSection()
     if not lines:
@@ -58,11 +58,11 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
             out.metrics[f"{key}/diff"] = r.diff
     if not has_size_axis(lines):
         return out
-    s = scaling.analyze(lines, mode, seed, n_boot)
-    views = scaling_depth.depth_views(lines, samples, mode) if scaling_depth.is_depth_ladder(lines) else []
+    s = fits.analyze(lines, mode, seed, n_boot)
+    views = depth.depth_views(lines, samples, mode) if depth.is_depth_ladder(lines) else []
     out.plot = plot_scaling(s, out_dir / PLOT, metric, f"{name}: {metric} scaling").name
-    out.lines += scaling_sections.section(s, views, metric, axis, out.plot)
-    out.metrics.update(scaling.metrics(s, slug))
+    out.lines += markdown.section(s, views, metric, axis, out.plot)
+    out.metrics.update(fits.metrics(s, slug))
     for v in views:
         pre = f"scaling/{slug(v.line.label)}"
         if v.match is not None:

@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.fmt import num, pct, sci, table
-from orchestrator.report.scaling import quantiles
-from orchestrator.report.scaling_data import Line, Rung
+from orchestrator.report.scaling.fits import quantiles
+from orchestrator.report.scaling.rungs import Line, Rung
 
 __all__ = ["CURVE", "IsoRow", "at_budget", "iso_rows", "section"]
 CURVE = "val/loss"

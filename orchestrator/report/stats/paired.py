@@ -1,4 +1,4 @@
-"""The paired tests behind ``orchestrator.report.paired``: seeds are blocks.
+"""The paired tests behind ``orchestrator.report.compare.by_seed``: seeds are blocks.
 
 A seed fixes a trial's data order and the initial weights of every parameter the variants
 share, so the per-seed difference variant - baseline removes the seed-to-seed variation that
@@ -184,10 +184,3 @@ def mann_whitney_min_p(n_a: int, n_b: int) -> float:
     return min(1.0, 2.0 / math.comb(n_a + n_b, n_a)) if n_a and n_b else 1.0
 
 
-def holm_min_p(min_ps: list[float]) -> list[float]:
-    """A lower bound on the Holm-adjusted p each comparison can reach: its own smallest p, and
-    never below m times the family's smallest (Holm's first step). Exact when all are equal."""
-    if not min_ps:
-        return []
-    floor = len(min_ps) * min(min_ps)
-    return [min(1.0, max(p, floor)) for p in min_ps]

@@ -12,7 +12,7 @@ FLOPs' magnitude; ``PowerLaw.A`` is the amplitude at ``c_ref`` and ``PowerLaw.a_
 ``E + A * C^(-alpha)`` with C in its own units.
 
 Everything here is deterministic: fixed starts, no randomness (the bootstrap lives in
-``orchestrator.report.scaling``), so the same points give the same parameters.
+``orchestrator.report.scaling.fits``), so the same points give the same parameters.
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
 """The scaling analysis of a sweep with a size axis: per-variant fits with bootstrap CIs, a
 hold-out-rung check, effective compute multipliers against the baseline and crossovers.
 
-``analyze`` takes the lines and rungs of ``orchestrator.report.scaling_data`` and returns a
-``Scaling``; the markdown is ``orchestrator.report.scaling_sections``, the plot
-``orchestrator.report.scaling_plots``.
+``analyze`` takes the lines and rungs of ``orchestrator.report.scaling.rungs`` and returns a
+``Scaling``; the markdown is ``orchestrator.report.scaling.markdown``, the plot
+``orchestrator.report.scaling.figure``.
 
-- **Fits** (``orchestrator.report.scaling_fit``): L(C) = E + A * C^(-alpha) against training
+- **Fits** (``orchestrator.report.scaling.laws``): L(C) = E + A * C^(-alpha) against training
   compute for every line; against parameters N when every rung trained on the same tokens;
   Chinchilla's L(N, D) = E + A/N^a + B/D^b when both vary.
 - **Not identifiable** is said, with the reason, instead of parameters: fewer rungs than
@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.fmt import num
-from orchestrator.report.scaling_data import Line, Rung, draws, points
-from orchestrator.report.scaling_fit import Chinchilla, PowerLaw, crossovers, fit_chinchilla, fit_power_law, multiplier
+from orchestrator.report.scaling.laws import Chinchilla, PowerLaw, crossovers, fit_chinchilla, fit_power_law, multiplier
+from orchestrator.report.scaling.rungs import Line, Rung, draws, points
 
 __all__ = ["N_BOOT", "Fit", "Holdout", "Versus", "LineResult", "Scaling", "analyze", "fit_line", "holdout",
            "versus", "quantiles"]

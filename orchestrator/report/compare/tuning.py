@@ -23,7 +23,7 @@ import pandas as pd
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.fmt import cell_text, norm_value, num, order_key, same_value, table
-from orchestrator.report.stats import _exclusion, _Rows
+from orchestrator.report.compare.across_seeds import Rows, exclusion
 
 
 @dataclass
@@ -41,13 +41,13 @@ def select(df: pd.DataFrame, metric: str, axis: str, tune: str, mode: str,
     report order: the baseline first)."""
     if tune not in df.columns or df[tune].map(lambda v: norm_value(v) is None).all():
         raise ConfigError(f"report.tune: {tune!r} has no value in any run; it must be an axis of the sweep")
-    rows = _Rows.of(df, metric, axis)
+    rows = Rows.of(df, metric, axis)
     tv = [norm_value(v) for v in df[tune]]
     variants = sorted({v for v in rows.values if v is not None}, key=lambda v: order_key(v, first=baseline))
     values = sorted({v for v in tv if v is not None}, key=order_key)
     samples: dict[tuple[Any, Any], list[float]] = {}
     for i, v in enumerate(rows.values):
-        if _exclusion(v, rows.statuses[i], rows.numeric[i], rows.raw_metric[i], axis) is None and tv[i] is not None:
+        if exclusion(v, rows.statuses[i], rows.numeric[i], rows.raw_metric[i], axis) is None and tv[i] is not None:
             samples.setdefault((v, tv[i]), []).append(float(rows.numeric[i]))
     means = {k: (float(np.mean(x)), len(x)) for k, x in samples.items()}
     sign = 1.0 if mode == "min" else -1.0

@@ -26,7 +26,7 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats as sps
 
-from orchestrator.report.paired_tests import WILCOXON_EXACT_MAX, sign_matrix
+from orchestrator.report.stats.paired import WILCOXON_EXACT_MAX, sign_matrix
 
 EXACT_SIM_N = 12  # 2^12 sign vectors per simulated comparison: exact and still fast
 SIMS = 2000  # simulated sweeps per power value (standard error <= 0.011)

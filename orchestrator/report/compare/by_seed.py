@@ -16,10 +16,10 @@ Mann-Whitney tests (still in the report) cannot.
   baseline's seeds is compared on the seeds both have, with a note; Friedman uses the seeds all
   tested variants share. When blocks repeat (a factor pooled without being a block), the design
   is "unpaired": the report then has no verdicts and says why.
-- Tests and their choices are in ``orchestrator.report.paired_tests``; Holm runs within each
+- Tests and their choices are in ``orchestrator.report.stats.paired``; Holm runs within each
   test over the comparisons with the baseline; the verdict uses the permutation test of the mean
-  difference (``orchestrator.report.verdicts``), its minimal detectable effect comes from
-  ``orchestrator.report.power``.
+  difference (``orchestrator.report.compare.verdicts``), its minimal detectable effect comes from
+  ``orchestrator.report.stats.power``.
 - Per-seed differences are rounded to 12 significant digits of the metric's scale (``snap``),
   so the float noise of a subtraction cannot create or break ties between differences.
 - Bootstrap CIs of the mean difference are seeded (the comparison's seed + 1000 + the variant's
@@ -36,18 +36,19 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.core.fmt import norm_value, order_key
-from orchestrator.report import power, verdicts
-from orchestrator.report.paired_tests import (
+from orchestrator.report.compare import verdicts
+from orchestrator.report.compare.across_seeds import Comparison, Rows, exclusion
+from orchestrator.report.compare.results import FriedmanResult, PairedAnalysis, PairedRow
+from orchestrator.report.stats import power
+from orchestrator.report.stats.intervals import bootstrap_ci
+from orchestrator.report.stats.multiplicity import holm, holm_min_p
+from orchestrator.report.stats.paired import (
     friedman,
     friedman_min_p,
-    holm_min_p,
     sign_flip_min_p,
     sign_flip_test,
     wilcoxon,
 )
-from orchestrator.report.paired_types import FriedmanResult, PairedAnalysis, PairedRow
-from orchestrator.report.rank_tests import bootstrap_ci, holm
-from orchestrator.report.stats import Comparison, _exclusion, _Rows
 
 POWER_TARGET = 0.8
 WHY_PAIRED = ("a seed fixes the data order and the initial weights of every parameter the variants share, so "
@@ -89,13 +90,13 @@ def _block_key(row: pd.Series, blocks: list[str]) -> Any:
 
 def _block_values(df: pd.DataFrame, comp: Comparison, blocks: list[str]) -> tuple[dict, str]:
     """Per group value: {block: metric} over the samples; and a description of repeats, if any."""
-    rows = _Rows.of(df, comp.metric, comp.axis)
+    rows = Rows.of(df, comp.metric, comp.axis)
     keys = [_block_key(r, blocks) for _, r in df.iterrows()]
     known = {str(norm_value(g.value)): g.value for g in comp.groups}
     values: dict[Any, dict[Any, float]] = {}
     counts: Counter = Counter()
     for i, v in enumerate(rows.values):
-        if _exclusion(v, rows.statuses[i], rows.numeric[i], rows.raw_metric[i], comp.axis) is not None:
+        if exclusion(v, rows.statuses[i], rows.numeric[i], rows.raw_metric[i], comp.axis) is not None:
             continue
         g = known.get(str(norm_value(v)), v)
         counts[(g, keys[i])] += 1

@@ -18,10 +18,10 @@ import pandas as pd
 
 from orchestrator.core.fmt import cell_text, natural_key, norm_value, num, order_key, pct, same_value, sci, table
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import verdicts
-from orchestrator.report.paired_types import PairedAnalysis
-from orchestrator.report.plots import finished
-from orchestrator.report.stats import Comparison
+from orchestrator.report.compare import verdicts
+from orchestrator.report.compare.across_seeds import Comparison
+from orchestrator.report.compare.results import PairedAnalysis
+from orchestrator.report.render.figures import finished
 
 
 def change_pct(x: float, base: float) -> float:

@@ -1,15 +1,15 @@
-"""The markdown of the scaling section (``orchestrator.report.scaling``'s numbers, the depth view
-of ``orchestrator.report.scaling_depth``): fixed order and formatting, so the same runs give the
+"""The markdown of the scaling section (``orchestrator.report.scaling.fits``'s numbers, the depth view
+of ``orchestrator.report.scaling.depth``): fixed order and formatting, so the same runs give the
 same bytes."""
 from __future__ import annotations
 
 import math
 
 from orchestrator.core.fmt import cell, num, sci, table
-from orchestrator.report import scaling_depth
-from orchestrator.report.scaling import BOOT_FAIL_MAX, CROSS_SPAN, Fit, Scaling, Versus
-from orchestrator.report.scaling_data import Line
-from orchestrator.report.scaling_fit import HUBER_DELTA
+from orchestrator.report.scaling import depth
+from orchestrator.report.scaling.fits import BOOT_FAIL_MAX, CROSS_SPAN, Fit, Scaling, Versus
+from orchestrator.report.scaling.laws import HUBER_DELTA
+from orchestrator.report.scaling.rungs import Line
 
 __all__ = ["section"]
 FORMS = {"C": "L(C) = E + A * C^(-alpha), C = training FLOPs",
@@ -112,7 +112,7 @@ def _cross_text(v: Versus, s: Scaling) -> str:
     return f"`{v.line.label}` and `{v.base.label}`: the fitted curves cross at {', '.join(parts)}{share}."
 
 
-def depth_lines(views: list[scaling_depth.DepthView], metric: str, mode: str) -> list[str]:
+def depth_lines(views: list[depth.DepthView], metric: str, mode: str) -> list[str]:
     if not views:
         return []
     out = ["", "### Depth (fixed width)", "",
@@ -131,11 +131,11 @@ def depth_lines(views: list[scaling_depth.DepthView], metric: str, mode: str) ->
             diff = "-" if math.isnan(r.diff) else f"{num(r.diff, 3)} [{num(r.ci[0], 3)}, {num(r.ci[1], 3)}]"
             rows.append([str(r.depth), ms(r.base), ms(r.var), diff])
         out += table(["n_layers", f"{v.base.label} (baseline)", v.line.label, "difference [95% CI]"], rows)
-        out += [""] + [f"- {t}" for t in scaling_depth.statements(v, metric, mode)]
+        out += [""] + [f"- {t}" for t in depth.statements(v, metric, mode)]
     return out
 
 
-def summary(s: Scaling, views: list[scaling_depth.DepthView], metric: str) -> list[str]:
+def summary(s: Scaling, views: list[depth.DepthView], metric: str) -> list[str]:
     """The findings in one place: multiplier at the largest rung, hold-out errors, depth trend."""
     out = []
     for v in s.versus:
@@ -156,7 +156,7 @@ def summary(s: Scaling, views: list[scaling_depth.DepthView], metric: str) -> li
                        f"the measured mean ({inside} the prediction's 95% CI).")
     for dv in views:
         if dv.trend is not None:
-            out.append("- " + scaling_depth.statements(dv, metric, s.mode)[-1])
+            out.append("- " + depth.statements(dv, metric, s.mode)[-1])
     return (["", "### Summary", ""] + out + [""]) if out else [""]
 
 
@@ -165,7 +165,7 @@ def _size_words(lines: list[Line]) -> str:
     return ", ".join(f"`{k}`" for k in keys) or "tokens"
 
 
-def section(s: Scaling, views: list[scaling_depth.DepthView], metric: str, axis: str, plot: str | None) -> list[str]:
+def section(s: Scaling, views: list[depth.DepthView], metric: str, axis: str, plot: str | None) -> list[str]:
     lines = [res.line for res in s.lines]
     kinds = [k for k in ("C", "N", "ND") if any(k in res.fits for res in s.lines)]
     out = ["", "## Scaling", "",

@@ -4,7 +4,7 @@ MLflow's artifact viewer shows a markdown artifact as text with its images as li
 ``![caption](x.png)``; an HTML artifact it renders, in a sandboxed frame that loads nothing from
 elsewhere. So the HTML carries everything: a small stylesheet and every PNG the markdown refers
 to, embedded as a ``data:image/png;base64`` URI. It is made from ``report.md`` itself (one source
-of truth) by a converter of the markdown subset that ``orchestrator.report.sections`` writes:
+of truth) by a converter of the markdown subset that ``orchestrator.report.render.sections`` writes:
 ``#`` headings, paragraphs, ``- `` lists, pipe tables, fenced code blocks, images alone on a line,
 ``**bold**``, ```code``` and ``[links](url)``. Deterministic, like the markdown: the same report
 gives the same bytes.

@@ -2,7 +2,7 @@
 means, the fit with its bootstrap 95% band), against parameters when that fit exists, and the
 effective compute multiplier of each variant against C with its band.
 
-Same rules as ``orchestrator.report.plots`` (a bare Agg ``Figure``, the default style, fixed DPI,
+Same rules as ``orchestrator.report.render.figures`` (a bare Agg ``Figure``, the default style, fixed DPI,
 no PNG metadata): the same analysis gives the same bytes.
 """
 from __future__ import annotations
@@ -19,9 +19,9 @@ import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import NullFormatter  # noqa: E402
 
-from orchestrator.report.plots import _color, _save  # noqa: E402
-from orchestrator.report.scaling import Fit, Scaling, quantiles  # noqa: E402
-from orchestrator.report.scaling_fit import multiplier  # noqa: E402
+from orchestrator.report.render.figures import _color, _save  # noqa: E402
+from orchestrator.report.scaling.fits import Fit, Scaling, quantiles  # noqa: E402
+from orchestrator.report.scaling.laws import multiplier  # noqa: E402
 
 __all__ = ["plot_scaling"]
 

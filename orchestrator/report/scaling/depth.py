@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.core.fmt import num
-from orchestrator.report.scaling import quantiles
-from orchestrator.report.scaling_data import Line, Rung
+from orchestrator.report.scaling.fits import quantiles
+from orchestrator.report.scaling.rungs import Line, Rung
 
 __all__ = ["DepthRow", "DepthView", "depth_views", "is_depth_ladder"]
 

@@ -27,8 +27,8 @@ seeds, the metric is any numeric column. Choices, and why:
 - Every degenerate case (empty or one-sample group, all values identical, missing baseline, zero
   baseline mean, duplicate seeds) becomes a line in ``Comparison.notes``, never a crash.
 - Rendering is deterministic: fixed group order, fixed number formatting, no timestamps.
-  The result types and their rendering live in ``orchestrator.report.stats_types`` and are
-  re-exported here; the tests and intervals themselves in ``orchestrator.report.rank_tests``.
+  The result types and their rendering live in ``orchestrator.report.compare.results`` and are
+  re-exported here; the tests and intervals themselves in ``orchestrator.report.stats.ranks``.
 """
 from __future__ import annotations
 
@@ -46,15 +46,15 @@ from scipy import stats as sps
 from lime_arch.errors import ConfigError
 from orchestrator.core.fmt import is_number, order_key
 from orchestrator.core.status import TrialStatus
-from orchestrator.report.rank_tests import (
-    bootstrap_ci,
+from orchestrator.report.compare.results import Comparison, GroupSummary, Omnibus, PairTest
+from orchestrator.report.stats.intervals import bootstrap_ci
+from orchestrator.report.stats.multiplicity import holm
+from orchestrator.report.stats.ranks import (
     cliffs_delta,
-    holm,
     kruskal_permutation_p,
     mann_whitney,
     min_reachable_p,
 )
-from orchestrator.report.stats_types import Comparison, GroupSummary, Omnibus, PairTest
 
 PERMUTATION_BELOW = 5  # a group smaller than this makes the chi-square approximation of H poor
 
@@ -103,7 +103,7 @@ def compare(df: pd.DataFrame, metric: str = "final/val_loss", axis: str = "route
             confidence: float = 0.95, alpha: float = 0.05) -> Comparison:
     """Compare `metric` across the values of `axis`, seeds as samples (see module docstring)."""
     _require(df, {"metric": metric, "axis": axis, "seed": "seed", "status": "status"})
-    rows = _Rows.of(df, metric, axis)
+    rows = Rows.of(df, metric, axis)
     keys = list(dict.fromkeys(v for v in rows.values if v is not None))
     base = _resolve_baseline(baseline, keys, axis)
     keys.sort(key=lambda v: order_key(v, first=base))
@@ -123,7 +123,7 @@ def compare(df: pd.DataFrame, metric: str = "final/val_loss", axis: str = "route
 
 
 @dataclass
-class _Rows:
+class Rows:
     """The columns ``compare`` reads, as Python values (None for missing keys)."""
 
     values: list[Any]
@@ -134,7 +134,7 @@ class _Rows:
     trial_ids: list[Any] | None
 
     @classmethod
-    def of(cls, df: pd.DataFrame, metric: str, axis: str) -> _Rows:
+    def of(cls, df: pd.DataFrame, metric: str, axis: str) -> Rows:
         return cls(values=_column_keys(df[axis]), seeds=_column_keys(df["seed"]),
                    statuses=[_plain(s) for s in df["status"].tolist()],
                    raw_metric=[_plain(m) for m in df[metric].tolist()],
@@ -142,7 +142,7 @@ class _Rows:
                    trial_ids=df["trial_id"].tolist() if "trial_id" in df.columns else None)
 
 
-def _exclusion(value: Any, status: Any, x: float, raw: Any, axis: str) -> str | None:
+def exclusion(value: Any, status: Any, x: float, raw: Any, axis: str) -> str | None:
     """Why a row is not a sample, or None when it is one."""
     if value is None:
         return f"missing value of {axis!r}"
@@ -157,14 +157,14 @@ def _exclusion(value: Any, status: Any, x: float, raw: Any, axis: str) -> str | 
     return None
 
 
-def _split(rows: _Rows, keys: list[Any], axis: str
+def _split(rows: Rows, keys: list[Any], axis: str
            ) -> tuple[dict[Any, list[float]], dict[Any, list[Any]], list[dict[str, Any]]]:
     """Samples and their seeds per group, and the excluded rows (sorted) with their reasons."""
     samples: dict[Any, list[float]] = {k: [] for k in keys}
     sample_seeds: dict[Any, list[Any]] = {k: [] for k in keys}
     excluded: list[dict[str, Any]] = []
     for i, (v, s, st) in enumerate(zip(rows.values, rows.seeds, rows.statuses)):
-        reason = _exclusion(v, st, rows.numeric[i], rows.raw_metric[i], axis)
+        reason = exclusion(v, st, rows.numeric[i], rows.raw_metric[i], axis)
         if reason is None:
             samples[v].append(float(rows.numeric[i]))
             sample_seeds[v].append(s)
