@@ -64,11 +64,11 @@ from orchestrator.report.render import sections, tables
 from orchestrator.report.render.figures import make_plots, mean_router_map, router_map_from_npz
 from orchestrator.report.render.html import write_html
 from orchestrator.report.render.sections import ReportData
-from orchestrator.report.runs import SweepRuns, add_key_columns, cast_param, collect_runs, find_runs, load_runs
-from orchestrator.report.settings import REPORT_DEFAULTS, Choice, ReportSettings, SweepFile, from_parent_run
+from orchestrator.report.runs import SweepRuns, add_key_columns, collect_runs, find_runs, load_runs
+from orchestrator.report.settings import REPORT_DEFAULTS, Choice, ReportSettings, SweepFile, choose, from_parent_run
 
 __all__ = ["build_report", "library_versions", "ReportSettings", "SweepFile", "REPORT_DEFAULTS", "SweepRuns",
-           "load_runs", "cast_param", "mean_router_map", "router_map_from_npz"]
+           "load_runs", "mean_router_map", "router_map_from_npz"]
 LIBRARIES = ("torch", "numpy", "scipy", "pandas", "statsmodels", "matplotlib", "mlflow", "ray")
 
 
@@ -99,7 +99,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         settings, launched = from_parent_run(cl, found.parent, sweep)
         sweep_file = launched if sweep_file is None else SweepFile(
             sweep_file.text, sweep_file.source, sweep_file.notes + launched.notes)
-    choice = settings.choose(metric, axis, baseline)
+    choice = choose(settings, metric, axis, baseline)
     ref = reference_for(sweep, choice.paper)
     data = collect_runs(found, choice.metric, cl)
     df = _runs_frame(data, choice)

@@ -25,7 +25,7 @@ from orchestrator.core.fmt import cell_text, num, same_value
 from orchestrator.report.compare import across_seeds, by_seed, verdicts
 from orchestrator.report.paper.refs import PaperRef, paper_effects
 from orchestrator.report.runs import add_key_columns, collect_runs, find_runs
-from orchestrator.report.settings import from_parent_run
+from orchestrator.report.settings import choose, from_parent_run
 from orchestrator.report.stats import power
 from orchestrator.report.stats.paired import friedman_min_p, kruskal_min_p, mann_whitney_min_p
 
@@ -183,7 +183,7 @@ def pilot(name: str, metric: str) -> tuple[float, float, str]:
     cl = tracking.client()
     found = find_runs(name, cl)
     settings, _ = from_parent_run(cl, found.parent, name)
-    choice = settings.choose(metric=metric)
+    choice = choose(settings, metric=metric)
     data = collect_runs(found, metric, cl)
     add_key_columns(data.frame, [choice.axis] + choice.grid_cols)
     df = data.frame

@@ -29,13 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
-from orchestrator.core import dashboard
+from orchestrator.core import dashboard, record
+from orchestrator.core.record import end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
 from orchestrator.sweep import connect, extend
 from orchestrator.sweep.console import TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
-from orchestrator.sweep.runs import close_stale_runs, end_run, parent_run
+from orchestrator.sweep.runs import close_stale_runs, parent_run
 from orchestrator.sweep.spec import SweepSpec
 from orchestrator.sweep.state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
 from orchestrator.sweep.trial import make_trainable
@@ -175,11 +176,10 @@ def _log_wall(cl, parent: str, spec: SweepSpec, elapsed: float, ray_start_s: flo
     try:
         import ray
 
-        prior = float(cl.get_run(parent).data.tags.get("sweep/wall_s", 0.0)) if launch > 1 else 0.0
+        prior = (record.ParentTags.of(cl.get_run(parent).data.tags).wall_s or 0.0) if launch > 1 else 0.0
         slots = concurrent_slots(spec, ray.cluster_resources() if ray.is_initialized() else {}, spec.n_trials())
-        for key, value in (("sweep/wall_s", prior + elapsed), ("sweep/slots", slots),
-                           ("sweep/ray_start_s", ray_start_s), ("sweep/launches", launch)):
-            cl.set_tag(parent, key, repr(float(value)))
+        timing = record.ParentTags(wall_s=prior + elapsed, slots=slots, ray_start_s=ray_start_s, launches=launch)
+        timing.write(cl, parent)
     except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
         log.warning("sweep wall time not logged: %s", e)
 

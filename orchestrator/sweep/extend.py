@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
+from orchestrator.core import record
 from orchestrator.core.tracking import client
 from orchestrator.sweep.files import resolved_yaml
 from orchestrator.sweep.runs import RAY_DONE
@@ -216,12 +217,12 @@ def _log_growth(spec: SweepSpec, parts: list[Part], ctx: dict) -> None:
     cl = client(ctx["uri"])
     parent = ctx["parent_run_id"]
     have = cl.get_run(parent).data.params
-    new = [Param(f"sweep.seeds.{p.name}", _fmt(p.seeds)) for p in parts[1:] if f"sweep.seeds.{p.name}" not in have]
+    new = [Param(record.SEED_EXTENSION + p.name, _fmt(p.seeds)) for p in parts[1:]
+           if record.SEED_EXTENSION + p.name not in have]
     if new:
         cl.log_batch(parent, params=new)
     axis = spec.seed_axis()
-    cl.set_tag(parent, "sweep.seeds", _fmt(spec.grid[axis]))
-    cl.set_tag(parent, "sweep.n_trials", str(spec.n_trials()))
+    record.ParentTags(seeds=_fmt(spec.grid[axis]), n_trials=str(spec.n_trials())).write(cl, parent)
     if new and spec.resolved:
         resolved = dict(spec.resolved)
         resolved["grid"] = {**(resolved.get("grid") or {}), axis: list(spec.grid[axis])}

@@ -15,8 +15,9 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from orchestrator.core import dashboard
+from orchestrator.core import dashboard, record
 from orchestrator.core.keys import VARIANT, canonical
+from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import git_sha
 from orchestrator.sweep.files import resolved_yaml
@@ -44,29 +45,12 @@ def report_config_error(tune, trial_id: str, exc: BaseException) -> None:
         pass
 
 
-def end_run(cl, run_id: str, status: TrialStatus) -> None:
-    """Close a run: what happened as its ``status`` tag, MLflow's status from it."""
-    cl.set_tag(run_id, "status", status.value)
-    cl.set_terminated(run_id, status=status.mlflow)
-
-
-def child_runs(cl, exp_id: str, parent: str, trial_id: str | None = None, status: str | None = None) -> list:
-    """The trial runs of a sweep's parent run (one trial's, with ``trial_id``; by MLflow status)."""
-    filt = [f"tags.`mlflow.parentRunId` = '{parent}'"]
-    if trial_id is not None:
-        q = '"' if "'" in trial_id else "'"
-        filt.append(f"tags.trial_id = {q}{trial_id}{q}")
-    if status:
-        filt.append(f"attributes.status = '{status}'")
-    return list(cl.search_runs([exp_id], " and ".join(filt), max_results=5000))
-
-
 def close_stale_runs(cl, exp_id: str, parent: str, reason: TrialStatus = TrialStatus.KILLED,
                      ray_status: dict[str, str] | None = None) -> int:
     """Runs of this sweep still RUNNING while no trial runs (a killed driver, a stopped trial)."""
     n = 0
     for run in child_runs(cl, exp_id, parent, status=TrialStatus.RUNNING.mlflow):
-        tid = run.data.tags.get("trial_id", "")
+        tid = run.data.tags.get(record.TRIAL_ID, "")
         stopped = ray_status and ray_status.get(tid) == RAY_DONE
         end_run(cl, run.info.run_id, TrialStatus.STOPPED if stopped else reason)
         n += 1
@@ -74,21 +58,22 @@ def close_stale_runs(cl, exp_id: str, parent: str, reason: TrialStatus = TrialSt
 
 
 def parent_run(spec: SweepSpec, cl, exp_id: str, state: dict) -> str:
-    """The sweep's parent run: the one of an earlier launch (``state``) if it still exists, else new."""
-    rid = state.get("parent_run_id")
-    if rid:
+    """The sweep's parent run: the one of an earlier launch if it still exists (``state``'s, else the
+    record's parent with the sweep's fingerprint: ``lime_sweep.json`` is only a cache), else new."""
+    for rid in (state.get("parent_run_id"), record.find_parent(cl, exp_id, spec.fingerprint())):
+        if not rid:
+            continue
         try:
             run = cl.get_run(rid)
-            if run.info.lifecycle_stage == "active":
-                cl.update_run(rid, status=TrialStatus.RUNNING.mlflow)
-                cl.set_tag(rid, "status", TrialStatus.RUNNING.value)
-                set_view(spec, cl, exp_id, rid)
-                return rid
-        except Exception:  # noqa: BLE001 - deleted or from another store: start a new parent
-            pass
-    tags = {"sweep": spec.name, "sweep_role": "parent", "git_sha": git_sha(), "status": TrialStatus.RUNNING.value,
-            "mlflow.note.content": spec.description}
-    rid = cl.create_run(exp_id, run_name=spec.name, tags=tags).info.run_id
+        except Exception:  # noqa: BLE001 - deleted or from another store: try the next, else start a new parent
+            continue
+        if run.info.lifecycle_stage == "active":
+            cl.update_run(rid, status=TrialStatus.RUNNING.mlflow)
+            cl.set_tag(rid, record.STATUS, TrialStatus.RUNNING.value)
+            set_view(spec, cl, exp_id, rid)
+            return rid
+    rid = cl.create_run(exp_id, run_name=spec.name,
+                        tags=record.parent_tags(spec.name, spec.description, git_sha())).info.run_id
     _log_sweep(spec, cl, rid)
     set_view(spec, cl, exp_id, rid)
     return rid
@@ -128,34 +113,24 @@ def trial_extras(spec: SweepSpec, config: dict) -> tuple[dict[str, str], dict[st
     return tags, params
 
 
-def sweep_params(spec: SweepSpec) -> dict[str, object]:
-    """What a report needs to know about the sweep, as the parent run's params."""
-    r = spec.resources
-    params: dict[str, object] = {
-        "sweep.n_trials": spec.n_trials(), "sweep.axes": ",".join(spec.axes()),
-        "sweep.resources.cpu": r.cpu, "sweep.resources.gpu": r.gpu, "sweep.max_failures": spec.max_failures,
-        "sweep.max_concurrent": spec.max_concurrent, "sweep.report.metric": spec.report.metric,
-        "sweep.report.axis": spec.report.axis, "sweep.report.baseline": spec.report.baseline,
-        "sweep.report.explicit": ",".join(spec.report_stated), "sweep.fingerprint": spec.fingerprint(),
-        "sweep.report.alpha": spec.report.alpha, "sweep.report.mode": spec.report.mode}
-    for key in ("tune", "paper"):  # only when the file sets them (the report reads their absence as unset)
-        if getattr(spec.report, key) is not None:
-            params[f"sweep.report.{key}"] = getattr(spec.report, key)
-    if spec.extends:
-        params["sweep.extends"] = spec.extends
-    if spec.search is not None:
-        s = spec.search
-        params.update({"sweep.search.metric": s.metric, "sweep.search.mode": s.mode,
-                       "sweep.search.num_samples": s.num_samples, "sweep.search.seed": s.seed,
-                       "sweep.search.repeat": s.repeat})
-    return params
+def sweep_record(spec: SweepSpec) -> record.SweepRecord:
+    """What the parent run records of the sweep (``orchestrator.core.record``): the one mapping of a
+    sweep file to its record, used by the driver and by ``lime report FILE``."""
+    r, rep, s = spec.resources, spec.report, spec.search
+    search = None if s is None else record.SearchRecord(metric=s.metric, mode=s.mode, num_samples=s.num_samples,
+                                                        seed=s.seed, repeat=s.repeat)
+    report = record.ReportRecord(metric=rep.metric, axis=rep.axis, baseline=rep.baseline, alpha=rep.alpha,
+                                 mode=rep.mode, stated=spec.report_stated, tune=rep.tune, paper=rep.paper)
+    return record.SweepRecord(n_trials=spec.n_trials(), axes=tuple(spec.axes()), cpu=r.cpu, gpu=r.gpu,
+                              max_failures=spec.max_failures, max_concurrent=spec.max_concurrent,
+                              fingerprint=spec.fingerprint(), report=report, extends=spec.extends, search=search)
 
 
 def _log_sweep(spec: SweepSpec, cl, rid: str) -> None:
     """Params, the sweep file as written and, resolved (its ``extends`` applied), what ran."""
     from mlflow.entities import Param
 
-    cl.log_batch(rid, params=[Param(k, str(v)) for k, v in sweep_params(spec).items()])
+    cl.log_batch(rid, params=[Param(k, v) for k, v in sweep_record(spec).to_params().items()])
     if spec.path and Path(spec.path).is_file():
         cl.log_artifact(rid, str(spec.path), "sweep")
     if spec.resolved:

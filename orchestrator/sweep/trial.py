@@ -31,18 +31,20 @@ import traceback
 from pathlib import Path
 
 from lime_arch import ConfigError
+from orchestrator.core import record
+from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.startup import StartupClock, StartupHook, prepare_process, shared_data, worker_clock
 from orchestrator.engine.train import Tracking, run_trial
 from orchestrator.sweep import IMPORT_T0
 from orchestrator.sweep.reporting import newest_checkpoint, objective, output_to, reporter
-from orchestrator.sweep.runs import child_runs, end_run, report_config_error, trial_extras
+from orchestrator.sweep.runs import report_config_error, trial_extras
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.workers import fit_workers
 
 IMPORT_S = time.perf_counter() - IMPORT_T0  # what importing the project cost this process
-WALL = "trial/wall_s"
+WALL = record.TRIAL_WALL
 # Ray waits this long for a trial's thread to end before it reuses the process (default 2 s); a
 # trial that Ray stops closes its MLflow run first, which can take longer on a busy machine
 THREAD_TIMEOUT_ENV = "TUNE_FUNCTION_THREAD_TIMEOUT_S"
@@ -97,21 +99,26 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
         with clock.phase("mlflow"):
             cl = client(ctx["uri"])
             exp_id = experiment_id(spec.name, cl)
-        run_id = ck_state.get("run_id") if ck_state else None
-        step = start = int(ck_state["step"]) if ck_state else 0
-        base = {"start_step": start, "trial": trial_id, "steps_total": cfg.train.steps}
-        with clock.phase("mlflow"):
-            if run_id is not None and _report_finished(cl, run_id, {**base, "step": start}, ctx["metric"], tune):
-                run_id = None  # nothing ran: no wall time to add
-                return
-            if run_id is None:  # a fresh start: a run left by an attempt that never checkpointed would duplicate steps
+            run = recorded_run(child_runs(cl, exp_id, ctx["parent_run_id"], trial_id), ck_state)
+        base = {"trial": trial_id, "steps_total": cfg.train.steps}
+        if run is not None and _report_finished(cl, run, {**base, "start_step": 0, "step": cfg.train.steps},
+                                                ctx["metric"], tune):
+            return  # nothing ran: no wall time to add
+        if resume and run is None:  # the record is the truth: nothing recorded, nothing to continue
+            print("the checkpoint's trial has no MLflow run in the sweep's record: starting over", flush=True)
+            resume, ck_state, ck_src = None, None, None
+        run_id = run.info.run_id if resume else None
+        step = start = int(ck_state["step"]) if resume else 0
+        base["start_step"] = start
+        if run_id is None:  # a fresh start: a run left by an attempt that never checkpointed would duplicate steps
+            with clock.phase("mlflow"):
                 for old in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
                     print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
                     cl.delete_run(old.info.run_id)
         print(f"{'resuming from step ' + str(start) if resume else 'starting'}; config: "
               f"{json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
-        tags = {"sweep": spec.name, "trial_id": trial_id, "sweep_role": "trial", "ray_node_id": _node_id(),
-                "host": socket.gethostname(), **{k: v for k, v in config.items() if not k.startswith("__")}}
+        tags = record.trial_tags(spec.name, trial_id, config, **{record.RAY_NODE: _node_id(),
+                                                                  record.HOST: socket.gethostname()})
         if spec.resources.workers > 1:
             tags.update(workers=spec.resources.workers, parallel=spec.resources.parallel)
         colour, params = trial_extras(spec, config)  # the dashboard's run colour, the variant as a param
@@ -157,19 +164,31 @@ def log_wall(cl, run_id: str | None, clock: StartupClock, step: int) -> None:
         print(f"note: {WALL} not logged ({type(e).__name__}: {e})", flush=True)
 
 
-def _report_finished(cl, run_id: str, base: dict, metric: str, tune) -> bool:
+def recorded_run(runs: list, ck_state: dict | None):
+    """The trial's run in the record (``orchestrator.core.record``): the one its checkpoint names when
+    the record has it, else the newest; None when the record has none."""
+    if not runs:
+        return None
+    named = ck_state.get("run_id") if ck_state else None
+    for r in runs:
+        if r.info.run_id == named:
+            return r
+    newest = max(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id))
+    if named:
+        print(f"the checkpoint names MLflow run {named}, the record has {newest.info.run_id}: continuing the "
+              "record's", flush=True)
+    return newest
+
+
+def _report_finished(cl, run, base: dict, metric: str, tune) -> bool:
     """A run that finished before the driver learnt it: report its result (never train again)."""
-    run = cl.get_run(run_id)
-    try:
-        status = TrialStatus(run.data.tags.get("status"))
-    except ValueError:  # no status tag (or another version's): not known to be finished
-        return False
-    if run.info.status != TrialStatus.FINISHED.mlflow or not status.done:
-        return False
+    status = record.run_status(run)
+    if status is None or run.info.status != TrialStatus.FINISHED.mlflow or not status.done:
+        return False  # no status tag (or another version's): not known to be finished
     m = dict(run.data.metrics)
-    print(f"already finished in MLflow run {run_id}; reporting its result", flush=True)
+    print(f"already finished in MLflow run {run.info.run_id}; reporting its result", flush=True)
     tune.report({**m, **{k: v for k, v in base.items() if k != "steps_total"}, "status": status.value,
-                 "run_id": run_id, "objective": objective(m, metric)})
+                 "run_id": run.info.run_id, "objective": objective(m, metric)})
     return True
 
 

@@ -22,8 +22,9 @@ from lime_arch.errors import ConfigError
 from orchestrator.cli import main as cli_main
 from orchestrator.cli.report import cmd_report
 from orchestrator.core import tracking
+from orchestrator.core.record import cast_param
 from orchestrator.engine.config import TrialConfig
-from orchestrator.report.build import build_report, cast_param, load_runs, mean_router_map, router_map_from_npz
+from orchestrator.report.build import build_report, load_runs, mean_router_map, router_map_from_npz
 
 SWEEP = "report-test-routers"
 DEPTH = "report-test-depth"
