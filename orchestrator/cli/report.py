@@ -16,7 +16,7 @@ from lime_arch.errors import ConfigError
 from orchestrator.core.record import ReportSettings
 from orchestrator.report.build import build_report
 from orchestrator.report.settings import SweepFile
-from orchestrator.sweep.runs import sweep_record
+from orchestrator.sweep.mlflow_runs import sweep_record
 from orchestrator.sweep.spec import load_spec
 
 

@@ -26,9 +26,9 @@ import numpy as np
 import yaml
 
 from lime_arch import flops_per_token, param_counts
+from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.metrics import router_source_map
 from orchestrator.analysis.plots import plot_router_map
-from orchestrator.analysis.run import analyze_model
 from orchestrator.core import record
 from orchestrator.core.keys import ALIASES
 from orchestrator.core.status import TrialStatus
@@ -48,7 +48,7 @@ class CallbackHook(Hook):
 
 class AnalysisHook(Hook):
     """Representation analysis of the final model (``analysis/*`` metrics, see
-    ``orchestrator.analysis.run``) on ``train.analyze_sequences`` validation sequences."""
+    ``orchestrator.analysis.analyze``) on ``train.analyze_sequences`` validation sequences."""
 
     def final_metrics(self, t: Trainer) -> dict[str, float]:
         tr = t.cfg.train

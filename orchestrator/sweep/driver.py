@@ -6,13 +6,13 @@
   becomes ``OptunaSearch`` (seeded TPE) wrapped in a ``Repeater`` (seeds), optionally with ASHA.
   Results and checkpoints live in ``<results>/ray/<sweep>/`` (``$LIME_RESULTS``, default
   ``results``); each trial folder also holds the trial's own log (``trial.log``).
-- Every trial is ``orchestrator.sweep.trial``'s trainable around the engine's ``run_trial``;
+- Every trial is ``orchestrator.sweep.trainable``'s trainable around the engine's ``run_trial``;
   a retried or resumed trial continues from its newest checkpoint and keeps its MLflow run.
   Tune reuses worker processes across trials (``reuse_actors``; ``LIME_REUSE_WORKERS=0``: a
   fresh process per trial), restored experiments too.
 - The parent run gets the sweep's wall time (Tune's fit, summed over launches), the slots (trials
   at once), Ray's start and the launch count (``sweep/*``): the report's efficiency ratio.
-- MLflow (``orchestrator.sweep.runs``): one parent run per sweep (its id is kept in
+- MLflow (``orchestrator.sweep.mlflow_runs``): one parent run per sweep (its id is kept in
   ``<results>/ray/<sweep>/lime_sweep.json`` so it survives driver restarts), one child run per
   trial. Runs left ``RUNNING`` by a killed driver are closed on the next start and at the end;
   the summary at the end is ``orchestrator.sweep.finish``.
@@ -36,10 +36,10 @@ from orchestrator.core.tracking import client, experiment_id, init_store, tracki
 from orchestrator.sweep import connect, extend
 from orchestrator.sweep.console import TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
-from orchestrator.sweep.runs import close_stale_runs, parent_run
+from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
+from orchestrator.sweep.mlflow_runs import close_stale_runs, parent_run
 from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
-from orchestrator.sweep.trial import make_trainable
+from orchestrator.sweep.trainable import make_trainable
 from orchestrator.sweep.view import experiment_dir, ray_trials, upper_corner
 from orchestrator.sweep.workers import concurrent_slots, reuse_workers, trials_that_fit, tune_resources
 

@@ -1,7 +1,7 @@
 """Resuming a sweep, and growing its seed axis: only the new trials run, under the same parent run.
 
 A launch of a sweep that ran before continues it when the file defines the same trials (the
-fingerprint saved in ``lime_sweep.json``, ``orchestrator.sweep.state``). The one change allowed
+fingerprint saved in ``lime_sweep.json``, ``orchestrator.sweep.local_state``). The one change allowed
 is more seeds: ``grid.seed`` grown in the file, or ``lime sweep run FILE --add-seeds N`` (N new
 seeds after the largest one in effect; the file is not rewritten, so the state remembers them).
 Anything else that changes the trial set is refused, as is removing a seed that ran.
@@ -28,9 +28,9 @@ from lime_arch import ConfigError
 from orchestrator.core import record
 from orchestrator.core.tracking import client
 from orchestrator.sweep.files import resolved_yaml
-from orchestrator.sweep.runs import RAY_DONE
+from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state
+from orchestrator.sweep.mlflow_runs import RAY_DONE
 from orchestrator.sweep.schema import SweepSpec
-from orchestrator.sweep.state import STATE_FILE, read_state, write_state
 from orchestrator.sweep.view import ray_trials
 
 EXT_PREFIX = "extend-"

@@ -27,7 +27,7 @@ from orchestrator.core.fmt import num
 from orchestrator.core.record import child_runs, end_run, run_status
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import tracking_uri
-from orchestrator.sweep.runs import RAY_DONE, RAY_ERROR, close_stale_runs
+from orchestrator.sweep.mlflow_runs import RAY_DONE, RAY_ERROR, close_stale_runs
 from orchestrator.sweep.schema import SweepSpec
 from orchestrator.sweep.view import fmt_time, ray_trials
 

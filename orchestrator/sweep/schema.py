@@ -1,7 +1,7 @@
 """The sweep file as typed data: ``SweepSpec`` and its blocks, and how it expands into trials.
 
 Each block is a pydantic dataclass that rejects unknown keys; the field types and bounds say
-what a file may hold (``orchestrator.core.schema`` turns a mismatch into one line naming the key
+what a file may hold (``orchestrator.core.validation`` turns a mismatch into one line naming the key
 path), and the validators apply the rules of ``orchestrator.sweep.checks``. Validating a mapping
 into ``SweepSpec`` (``orchestrator.sweep.spec.parse_spec``) is the whole file check except the
 trials themselves, which ``parse_spec`` builds and validates next.
@@ -27,9 +27,9 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import VARIANT
-from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, Str
-from orchestrator.engine.config import TrainConfig, TrialConfig, set_dotted
+from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str
 from orchestrator.engine.data import check_source
+from orchestrator.engine.trial_config import TrainConfig, TrialConfig, set_dotted
 from orchestrator.sweep.checks import (
     SEED,
     SearchParam,

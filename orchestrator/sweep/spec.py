@@ -23,8 +23,8 @@ from typing import Any
 
 from lime_arch import ConfigError, flops_per_token, param_counts
 from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
-from orchestrator.core.schema import validate
-from orchestrator.engine.config import TrialConfig
+from orchestrator.core.validation import validate
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
 from orchestrator.sweep.files import FileError, is_base, origin_of, read_yaml, resolve, sweep_files
 from orchestrator.sweep.schema import (  # noqa: F401

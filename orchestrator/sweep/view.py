@@ -12,9 +12,9 @@ from lime_arch import ConfigError
 from orchestrator.core import record
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
+from orchestrator.sweep.local_state import extension_dirs, read_state
 from orchestrator.sweep.preflight import warnings
 from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
-from orchestrator.sweep.state import extension_dirs, read_state
 
 
 def results_root() -> Path:

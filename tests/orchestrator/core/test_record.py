@@ -10,7 +10,7 @@ import pytest
 from orchestrator.core import record
 from orchestrator.core.record import ParentTags, ReportSettings, SweepRecord, cast_param
 from orchestrator.sweep.files import sweep_files
-from orchestrator.sweep.runs import sweep_record
+from orchestrator.sweep.mlflow_runs import sweep_record
 from orchestrator.sweep.spec import load_spec
 
 ROOT = Path(__file__).resolve().parents[3]

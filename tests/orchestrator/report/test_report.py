@@ -23,7 +23,7 @@ from orchestrator.cli import main as cli_main
 from orchestrator.cli.report import cmd_report
 from orchestrator.core import tracking
 from orchestrator.core.record import cast_param
-from orchestrator.engine.config import TrialConfig
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.report.build import build_report, load_runs, mean_router_map, router_map_from_npz
 
 SWEEP = "report-test-routers"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from orchestrator.core import tracking
-from orchestrator.engine.config import TrialConfig
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.report.build import build_report
 from orchestrator.report.scaling import fits
 from orchestrator.report.scaling.depth import statements, view

@@ -14,8 +14,8 @@ import yaml
 
 from lime_arch import ConfigError
 from orchestrator.sweep import extend
+from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state
 from orchestrator.sweep.spec import load_spec, parse_spec
-from orchestrator.sweep.state import STATE_FILE, read_state, write_state
 from orchestrator.sweep.view import ray_trials
 from tests.sweeps import sweep_env
 

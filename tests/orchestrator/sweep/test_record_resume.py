@@ -8,7 +8,7 @@ from pathlib import Path
 
 from orchestrator.core import record
 from orchestrator.core.tracking import client, experiment_id
-from orchestrator.sweep.runs import parent_run
+from orchestrator.sweep.mlflow_runs import parent_run
 from orchestrator.sweep.spec import load_spec
 from tests.orchestrator.sweep.test_reuse import _env, _result, _sweep, _worker
 

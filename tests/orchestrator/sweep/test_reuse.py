@@ -3,7 +3,7 @@ bit for bit, also for a trial retried from its checkpoint in the reused process;
 Tune the trials of a sweep share their worker processes, each MLflow run has its start-up
 metrics and the parent run the sweep's wall time and slots.
 
-The in-process tests run the trial side (``orchestrator.sweep.trial.run_attempt``) with a
+The in-process tests run the trial side (``orchestrator.sweep.trainable.run_attempt``) with a
 stand-in for Ray Tune's API in subprocesses, as a Ray worker would."""
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pathlib import Path
 job = json.loads(sys.argv[1])
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.startup import worker_clock
-from orchestrator.sweep import trial
+from orchestrator.sweep import trainable as trial
 from orchestrator.sweep.spec import load_spec
 
 class Tune:
@@ -172,7 +172,7 @@ def test_a_ray_sweep_reuses_its_workers_and_records_its_start_up_and_wall_time(t
     test_tune.py; a retry in a reused process: the test above.)"""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.engine.train import Tracking, run_trial
+    from orchestrator.engine.trial import Tracking, run_trial
     from orchestrator.sweep.spec import load_spec
 
     d = tmp_path

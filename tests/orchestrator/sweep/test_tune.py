@@ -204,8 +204,8 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
 def test_a_crash_between_checkpoints_resumes_without_duplicate_steps(store, monkeypatch):
     """The engine flushes its metrics when a trial dies; the retry recomputes those steps from the
     last checkpoint and must not log them twice (what a Ray retry or resume does, without Ray)."""
-    from orchestrator.engine.config import TrialConfig
-    from orchestrator.engine.train import Tracking, run_trial
+    from orchestrator.engine.trial import Tracking, run_trial
+    from orchestrator.engine.trial_config import TrialConfig
 
     d, env = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])

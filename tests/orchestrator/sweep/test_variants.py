@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lime_arch import ConfigError
-from orchestrator.sweep.runs import sweep_record
+from orchestrator.sweep.mlflow_runs import sweep_record
 from orchestrator.sweep.spec import load_spec, parse_spec
 
 BASE = {"preset": "tiny", "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64},

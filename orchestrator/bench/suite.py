@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from lime_arch.accounting import flop_overhead, flops_per_token
-from orchestrator.bench import memory as mem
+from orchestrator.bench import peak_memory as mem
 from orchestrator.bench.alone import time_alone
 from orchestrator.bench.outputs import write_outputs
 from orchestrator.bench.shapes import (

@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 
 from orchestrator.core.status import TrialStatus
-from orchestrator.engine.train import CKPT_NAME, load_checkpoint
-from orchestrator.sweep.runs import FAULT_ENV
+from orchestrator.engine.trial import CKPT_NAME, load_checkpoint
+from orchestrator.sweep.mlflow_runs import FAULT_ENV
 
 CHECKPOINT_GLOBS = (f"checkpoint_*/{CKPT_NAME}", f"train/checkpoint_*/{CKPT_NAME}")  # Tune's, Ray Train's
 

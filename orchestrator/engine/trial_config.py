@@ -5,7 +5,7 @@ data source, the optimizer and the training loop. ``to_dict`` goes straight into
 Ray Tune search spaces; dotted keys (``optim.lr``) address any field.
 
 Two levels of checks, both before any data is read: each field's type and range when a config is
-built (pydantic; ``orchestrator.core.schema`` words the error), and in ``validate`` what needs a
+built (pydantic; ``orchestrator.core.validation`` words the error), and in ``validate`` what needs a
 registry or another section: the preset, the model overrides (``lime_arch.ModelConfig``), the
 data source and task, and the rules between fields (``min_lr <= lr``, ``seq_len <= max_seq_len``).
 """
@@ -21,7 +21,7 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch import ConfigError, ModelConfig, preset
 from lime_arch.config import PRESETS
-from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, Str, optional_number, validate
+from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str, optional_number, validate
 from orchestrator.engine.taskspec import build_task
 from orchestrator.tasks import TASKS
 

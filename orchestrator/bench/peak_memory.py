@@ -1,6 +1,6 @@
 """Benchmark helpers: peak memory of one training step, memory bandwidth, routing traffic.
 
-Peak memory on CPU. Each case runs in a fresh subprocess (``python -m orchestrator.bench.memory``)
+Peak memory on CPU. Each case runs in a fresh subprocess (``python -m orchestrator.bench.peak_memory``)
 with ``MALLOC_MMAP_THRESHOLD_=65536``: every tensor of 64 KiB or more is its own mapping and is
 returned to the OS when freed, so the resident set follows the live tensors (activations
 included) instead of the malloc heap's high-water mark of earlier work. After one warm-up step
@@ -95,7 +95,7 @@ def measure_in_process(case: dict) -> dict:
 def start_subprocess(case: dict) -> subprocess.Popen:
     """Start ``measure_in_process(case)`` in a fresh interpreter with the mmap threshold set."""
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=str(MMAP_THRESHOLD), OMP_NUM_THREADS=str(case.get("threads", 1)))
-    return subprocess.Popen([sys.executable, "-m", "orchestrator.bench.memory", json.dumps(case)], env=env,
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.bench.peak_memory", json.dumps(case)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

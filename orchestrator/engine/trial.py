@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.engine.checkpoint import CKPT_NAME, load_checkpoint, save_checkpoint
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.hooks import AnalysisHook, CallbackHook, CostHook, MLflowHook
 from orchestrator.engine.memory import MemoryHook
 from orchestrator.engine.schedule import lr_multiplier, peak_mem_mb, pick_device, seed_everything
 from orchestrator.engine.trainer import Hook, Trainer, TrialResult, evaluate_loss
+from orchestrator.engine.trial_config import TrialConfig
 
 __all__ = ["CKPT_NAME", "Hook", "Tracking", "Trainer", "TrialResult", "evaluate_loss", "load_checkpoint",
            "lr_multiplier", "peak_mem_mb", "pick_device", "run_trial", "save_checkpoint", "seed_everything",

@@ -4,7 +4,7 @@ It rebuilds the trial's ``TrialConfig`` from the sweep and the trial's axis valu
 process's output to ``<trial folder>/trial.log``, continues from the newest checkpoint (which
 carries the MLflow run id, so a retried or resumed trial keeps its run), and trains:
 
-- one worker (``resources.workers: 1``): ``orchestrator.engine.train.run_trial`` in this
+- one worker (``resources.workers: 1``): ``orchestrator.engine.trial.run_trial`` in this
   process, with an ``on_log`` that reports every log point to Ray Tune (``tune.report``, with a
   ``tune.Checkpoint`` whenever the engine wrote one);
 - several workers: a Ray Train ``TorchTrainer`` started from here (``orchestrator.sweep.workers``),
@@ -36,11 +36,11 @@ from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.startup import StartupClock, StartupHook, prepare_process, shared_data, worker_clock
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
 from orchestrator.sweep import IMPORT_T0
-from orchestrator.sweep.reporting import newest_checkpoint, objective, output_to, reporter
-from orchestrator.sweep.runs import report_config_error, trial_extras
+from orchestrator.sweep.mlflow_runs import report_config_error, trial_extras
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
+from orchestrator.sweep.tune_report import newest_checkpoint, objective, output_to, reporter
 from orchestrator.sweep.workers import fit_workers
 
 IMPORT_S = time.perf_counter() - IMPORT_T0  # what importing the project cost this process
