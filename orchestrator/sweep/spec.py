@@ -106,8 +106,12 @@ def _validate_trials(spec: SweepSpec) -> None:
         for name, values in spec.grid.items():
             for i, v in enumerate(values):
                 check({name: v}, f"grid.{name}.{v}" if name == VARIANT else f"grid.{name}[{i}]")
-        for t in itertools.product(*spec.grid.values()):
-            check(dict(zip(spec.grid, t)))
+        try:
+            spec.trials()  # every trial, built once and kept on the spec
+        except ConfigError:
+            for t in itertools.product(*spec.grid.values()):  # which one: name its key in the file
+                check(dict(zip(spec.grid, t)))
+            raise
         return
     space = spec.search.space
     idx = {"__trial_index__": spec.search.repeat - 1}

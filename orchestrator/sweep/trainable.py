@@ -65,7 +65,10 @@ def _trial_main(spec: SweepSpec, ctx: dict, config: dict) -> None:
 
     clock = worker_clock(ctx.get("launched"), IMPORT_S)
     os.environ.setdefault(THREAD_TIMEOUT_ENV, "60")  # read in this process when Ray reuses it
-    run_attempt(spec, ctx, config, tune.get_context().get_trial_name(), tune, clock)
+    # a grid trial's id follows from its axis values; a search trial's sample number only Ray knows
+    trial_id = spec.trial_id({a: config[a] for a in spec.grid}) if spec.search is None and spec.grid \
+        else tune.get_context().get_trial_name()
+    run_attempt(spec, ctx, config, trial_id, tune, clock)
 
 
 def run_attempt(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, tune, clock: StartupClock) -> None:
@@ -89,7 +92,7 @@ def run_attempt(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, tune, c
 
 def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: Path, tune,
            clock: StartupClock) -> None:
-    cfg = spec.trial_config(config)
+    cfg = spec.config_of(config)
     work = Path(tempfile.mkdtemp(prefix="lime-trial-"))
     cfg.train.checkpoint_dir = str(work / "ckpt")
     cl, run_id, step = None, None, 0
