@@ -3,7 +3,7 @@
 A sweep file is a base ``TrialConfig`` plus grid axes (the cross product is the trial set) or an
 Optuna ``search`` block, plus how the trials run (resources, concurrency, failures, checkpoints)
 and what the report compares; it may extend another file (``extends:``). The format is
-documented in README.md ("Sweeps").
+documented in docs/SWEEPS.md.
 
 Everything is checked here, before Ray or MLflow is touched: the ``extends`` chain
 (``orchestrator.sweep.files``), every key and value (``orchestrator.sweep.schema``), and every
