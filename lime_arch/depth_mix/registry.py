@@ -58,8 +58,8 @@ class _ValuesAfterRouting:
     def __init__(self, mixer, mix: DepthMix, memo: dict):
         self.mixer, self.mix, self.memo = mixer, mix, memo
 
-    def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = self.mixer.route(l, k, v)  # routed (B, R, T, Hd)
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        k, v = self.mixer.route(l, k, v, q=q)  # routed (B, R, T, Hd)
         return k, self.mix.values(l, v, self.memo)
 
 
