@@ -1,9 +1,10 @@
 """A LLaMA-style decoder whose attention reads routed K/V (LIMe).
 
 Pre-RMSNorm blocks, causal attention with RoPE, SwiGLU MLP, final norm, tied LM head. The
-only LIMe-specific line is ``k, v = mixer.route(l, k, v)``: raw pre-RoPE K/V go in, routed K/V
-come out, and RoPE is applied once after routing (all mixed vectors share one position, so
-this equals mixing post-RoPE keys). With the ``none`` router this is exactly LLaMA.
+only LIMe-specific line is ``k, v = mixer.route(l, k, v, q=q)``: raw pre-RoPE K/V (and the
+layer's pre-RoPE query, which token-dependent router kinds read) go in, routed K/V come out, and
+RoPE is applied once after routing (all mixed vectors share one position, so this equals mixing
+post-RoPE keys). With the ``none`` router this is exactly LLaMA.
 
 The residual stream goes through the depth mix (``lime_arch.depth_mix``: DenseFormer,
 Hyper-Connections, value residual): its hooks wrap each sublayer, run after each block, and see
@@ -93,11 +94,11 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.H, self.Hd).transpose(1, 2)  # (B, H, T, Hd)
+        q = self.wq(x).view(B, T, self.H, self.Hd)  # pre-RoPE (B, T, H, Hd)
         k = self.wk(x).view(B, T, self.R, self.Hd)  # raw, pre-RoPE (B, T, R, Hd)
         v = self.wv(x).view(B, T, self.R, self.Hd)
-        k, v = mixer.route(l, k, v)  # routed (B, R, T, Hd)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        k, v = mixer.route(l, k, v, q=q)  # routed (B, R, T, Hd); token-dependent kinds read q
+        q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k, cos, sin)  # (B, H, T, Hd), (B, R, T, Hd)
         causal = True
         if cache is not None:
             p = cache.pos

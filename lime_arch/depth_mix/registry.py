@@ -19,8 +19,9 @@ what it changes:
   ``values(l, v, memo)``       the values layer l's attention reads, (B, R, T, Hd), after routing
 and, outside the pass, ``hidden(x)``: the residual state as one (B, T, C) hidden state (analysis).
 Arguments are typed, positive and optional from the right: ``denseformer`` is dilation 1 and
-period 1, ``denseformer-2`` dilation 2, ``denseformer-2-4`` dilation 2 and period 4. Configs
-hold the spec string only (names and numbers: MLflow params, sweep grids).
+period 1, ``denseformer-2`` dilation 2, ``denseformer-2-4`` dilation 2 and period 4 (the spec
+machinery is ``lime_arch.specs``, shared with the routers). Configs hold the spec string only
+(names and numbers: MLflow params, sweep grids).
 
 Weights: created after (and independently of) every baseline weight, under a forked RNG, so a
 model with a depth mix has bit-for-bit the same shared weights as the ``none`` model of the same
@@ -29,139 +30,26 @@ use ``self.std`` (the model's init std).
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 from torch import nn
 
 from lime_arch.errors import ConfigError
+from lime_arch.specs import OptionalArg, SpecRegistry, spec_string
 
 Tensor = torch.Tensor
 
 
-@dataclass(frozen=True)
-class MixArg:
-    """One typed argument of a depth mix; ``default`` (positive, of ``type``) applies when the spec
-    leaves it out."""
-
-    name: str
-    default: int | float
-    type: type = int  # int or float
+class MixArg(OptionalArg):
+    """One typed argument of a depth mix (``MixArg("rate", 4)``, ``MixArg("init", 1.0, float)``);
+    ``default`` (positive, of ``type``) applies when the spec leaves it out."""
 
 
-_TOKEN = {int: re.compile(r"\d+"), float: re.compile(r"\d+(?:\.\d+)?")}
-_TYPE_WORD = {int: "integer", float: "number"}
-_NAME = re.compile(r"[a-z][a-z0-9]*(?:-[a-z][a-z0-9]*)*")  # no all-digit part: those are arguments
+# set on every depth mix instance; an argument of the same name would overwrite one of them
 _RESERVED = frozenset({"name", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "norm_eps", "std",
                        "arg_values", "training"})
-
-DEPTH_MIXES: dict[str, type[DepthMix]] = {}
-
-
-def register_depth_mix(name: str):
-    """Class decorator: add a ``DepthMix`` subclass to ``DEPTH_MIXES`` under ``name``, after checking
-    its name and ``arguments`` (a TypeError or ValueError here is a bug in the class)."""
-
-    def deco(cls: type[DepthMix]) -> type[DepthMix]:
-        _check_class(name, cls)
-        cls.name = name
-        DEPTH_MIXES[name] = cls
-        return cls
-
-    return deco
-
-
-def _check_class(name: str, cls: type) -> None:
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise ValueError(f"depth mix name {name!r}: lowercase words joined by '-', none of them all digits")
-    if name in DEPTH_MIXES:
-        raise ValueError(f"depth mix name {name!r} is registered already (by {DEPTH_MIXES[name].__qualname__})")
-    if not (isinstance(cls, type) and issubclass(cls, DepthMix)):
-        raise TypeError(f"depth mix {name!r}: {cls!r} is not a subclass of DepthMix")
-    args = cls.arguments
-    if not isinstance(args, tuple) or not all(isinstance(a, MixArg) for a in args):
-        raise TypeError(f"depth mix {name!r}: arguments must be a tuple of MixArg, got {args!r}")
-    seen: set[str] = set()
-    for a in args:
-        if not a.name.isidentifier() or a.name in seen or a.name in _RESERVED or hasattr(cls, a.name):
-            raise ValueError(f"depth mix {name!r}: argument name {a.name!r} is not a free identifier")
-        if a.type not in _TOKEN:
-            raise TypeError(f"depth mix {name!r}: argument {a.name!r} has type {a.type!r}; allowed: int, float")
-        if type(a.default) is not a.type or not a.default > 0:
-            raise ValueError(f"depth mix {name!r}: argument {a.name!r} needs a positive {a.type.__name__} default")
-        seen.add(a.name)
-
-
-def _signature(cls: type[DepthMix]) -> str:
-    """``denseformer[-<dilation>[-<period>]]``: the name and its optional arguments."""
-    return cls.name + "".join(f"[-<{a.name}>" for a in cls.arguments) + "]" * len(cls.arguments)
-
-
-def _registered() -> str:
-    return ", ".join(_signature(c) for c in DEPTH_MIXES.values())
-
-
-def depth_mix_specs() -> list[str]:
-    """Every registered depth mix as a spec string (its name: the arguments' defaults), in
-    registration order."""
-    return list(DEPTH_MIXES)
-
-
-def _parse_args(spec: str, cls: type[DepthMix]) -> tuple[int | float, ...] | None:
-    """The full argument tuple (defaults filled in) of ``spec`` for ``cls``; None if the text after
-    the name is not a run of numbers (then ``spec`` is not one of ``cls``'s)."""
-    parts = spec[len(cls.name) + 1:].split("-")
-    if not all(_TOKEN[float].fullmatch(p) for p in parts):
-        return None
-    args = cls.arguments
-    if len(parts) > len(args):
-        raise ConfigError(f"model.depth_mix: {spec!r}: {cls.name} takes at most {len(args)} argument(s), "
-                          f"{_signature(cls)}; registered: {_registered()}")
-    values = []
-    for a, p in zip(args, parts):
-        if not _TOKEN[a.type].fullmatch(p) or not a.type(p) > 0:
-            raise ConfigError(f"model.depth_mix: {spec!r} needs a positive {_TYPE_WORD[a.type]} for {a.name}, "
-                              f"got {p}")
-        values.append(a.type(p))
-    return tuple(values) + tuple(a.default for a in args[len(values):])
-
-
-def parse_depth_mix(spec: str) -> tuple[type[DepthMix], tuple[int | float, ...]]:
-    """'denseformer-2' -> (DenseFormer, (2, 1)). Unknown names or bad arguments raise ConfigError."""
-    if not isinstance(spec, str):
-        raise ConfigError(f"model.depth_mix: must be a string, got {spec!r}; registered: {_registered()}")
-    cls = DEPTH_MIXES.get(spec)
-    if cls is not None:
-        return cls, tuple(a.default for a in cls.arguments)
-    # longest name first: 'hyper-connections-static-2' belongs to hyper-connections-static
-    for family in sorted(DEPTH_MIXES.values(), key=lambda c: -len(c.name)):
-        if family.arguments and spec.startswith(family.name + "-"):
-            values = _parse_args(spec, family)
-            if values is not None:
-                return family, values
-    raise ConfigError(f"model.depth_mix: unknown depth mix {spec!r}; registered: {_registered()}")
-
-
-def check_depth_mix(spec: str, *, n_layers: int) -> None:
-    """Parse ``spec`` and check it against the model (ConfigError, one line, naming the field)."""
-    cls, args = parse_depth_mix(spec)
-    problem = cls.check(dict(zip((a.name for a in cls.arguments), args)), n_layers)
-    if problem:
-        raise ConfigError(f"model.depth_mix: {spec!r}: {problem}")
-
-
-def build_depth_mix(spec: str, *, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                    norm_eps: float, std: float) -> DepthMix:
-    """The depth mix of ``spec``. Its weights are drawn (if at all) from a fork of the global RNG,
-    which is left as it was: the model's other weights do not depend on the depth mix."""
-    check_depth_mix(spec, n_layers=n_layers)
-    cls, args = parse_depth_mix(spec)
-    with torch.random.fork_rng(devices=[]):
-        return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                   norm_eps=norm_eps, std=std, args=args)
 
 
 class _ValuesAfterRouting:
@@ -170,8 +58,8 @@ class _ValuesAfterRouting:
     def __init__(self, mixer, mix: DepthMix, memo: dict):
         self.mixer, self.mix, self.memo = mixer, mix, memo
 
-    def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        k, v = self.mixer.route(l, k, v)  # routed (B, R, T, Hd)
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        k, v = self.mixer.route(l, k, v, q=q)  # routed (B, R, T, Hd)
         return k, self.mix.values(l, v, self.memo)
 
 
@@ -198,7 +86,7 @@ class DepthMix(nn.Module):
     @property
     def spec(self) -> str:
         """The canonical spec: the name and every argument."""
-        return "-".join([self.name, *(str(v) for v in self.arg_values)])
+        return spec_string(self.name, self.arg_values)
 
     @classmethod
     def check(cls, args: dict[str, int | float], n_layers: int) -> str | None:
@@ -245,6 +133,45 @@ class DepthMix(nn.Module):
     def macs_per_token(self) -> int:
         """Multiply-accumulates per token of the mixing itself (``lime_arch.accounting``)."""
         return 0
+
+
+DEPTH_MIXES = SpecRegistry("depth mix", key="model.depth_mix", base=DepthMix, arg_class=MixArg, reserved=_RESERVED)
+
+
+def register_depth_mix(name: str):
+    """Class decorator: add a ``DepthMix`` subclass to ``DEPTH_MIXES`` under ``name``, after checking
+    its name and ``arguments`` (a TypeError or ValueError here is a bug in the class)."""
+    return DEPTH_MIXES.register(name)
+
+
+def depth_mix_specs() -> list[str]:
+    """Every registered depth mix as a spec string (its name: the arguments' defaults), in
+    registration order."""
+    return DEPTH_MIXES.specs()
+
+
+def parse_depth_mix(spec: str) -> tuple[type[DepthMix], tuple[int | float, ...]]:
+    """'denseformer-2' -> (DenseFormer, (2, 1)). Unknown names or bad arguments raise ConfigError."""
+    return DEPTH_MIXES.parse(spec)
+
+
+def check_depth_mix(spec: str, *, n_layers: int) -> None:
+    """Parse ``spec`` and check it against the model (ConfigError, one line, naming the field)."""
+    cls, args = parse_depth_mix(spec)
+    problem = cls.check(dict(zip((a.name for a in cls.arguments), args)), n_layers)
+    if problem:
+        raise ConfigError(f"model.depth_mix: {spec!r}: {problem}")
+
+
+def build_depth_mix(spec: str, *, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
+                    norm_eps: float, std: float) -> DepthMix:
+    """The depth mix of ``spec``. Its weights are drawn (if at all) from a fork of the global RNG,
+    which is left as it was: the model's other weights do not depend on the depth mix."""
+    check_depth_mix(spec, n_layers=n_layers)
+    cls, args = parse_depth_mix(spec)
+    with torch.random.fork_rng(devices=[]):
+        return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
+                   norm_eps=norm_eps, std=std, args=args)
 
 
 @register_depth_mix("none")

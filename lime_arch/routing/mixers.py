@@ -1,15 +1,17 @@
-"""Executing the routing: the K/V buffer and its mixers.
+"""Executing the routing: the buffer mixer of the buffered kinds, and the paper's concatenation.
 
-Every mixer maps the raw K/V of the current tokens (B, T, R, Hd) to routed K/V (B, R, T, Hd).
+Every mixer maps the raw K/V of the current tokens (B, T, R, Hd) to routed K/V (B, R, T, Hd)
+(``route(l, k, v, q=None)``; ``q``, the layer's query, is read by token-dependent kinds only).
 Routing is per position, so the same code serves training, prefill and one-token decoding. The
-mixer is chosen from the router's kind alone (``make_mixer``) and multiplies exactly what the
+mixer is the router's kind's (``make_mixer`` asks ``router.kind``; the parameter-free kinds'
+mixers live in their modules, ``lime_arch.routing.kinds``) and multiplies exactly what the
 router's ``weight(l)`` returns. docs/ARCHITECTURE.md, "Routing internals", walks through this.
 
-How ``BufferMixer`` (the learned kinds) is fast and lean:
+How ``BufferMixer`` (the buffered kinds; generic over the kind object) is fast and lean:
 
 - The buffer. Every layer writes its raw, pre-RoPE K and V once into a preallocated tensor of
   shape (D, L*rows_per_slot, N); K and V of a head sit side by side in one row, so one product
-  mixes both. Three layouts, one per learned kind (``Layout``):
+  mixes both. One layout per buffered kind (``BufferedKind``, read through ``Layout``):
     linear    (full, first-j, last-j, dilated-d): D = 1,  R rows per slot, N = 2*B*T*Hd;
     per-dim:                                      D = Hd, R rows per slot, N = 2*B*T;
     same-head (no-head-mix: one weight per slot and head): D = R (a batch per head), 1 row per
@@ -53,20 +55,22 @@ How ``BufferMixer`` (the learned kinds) is fast and lean:
   cold caches inside a real step): per-layer K/V views of the pooled buffer are memoised on it,
   views of weights that are parameters are memoised per parameter (``Layout.split_columns``),
   and K/V views are made with ``as_strided``.
-- Per-dim: the product's output has Hd as its batch dimension, so routed K/V are copied once
-  into (B, R, T, Hd) order with Hd contiguous (attention kernels need that; SDPA would otherwise
-  fall back to its slow math path), and its weights are made contiguous per layer (bmm needs a
-  unit stride per matrix).
+- Per-dim (``kinds/per_dim.py``): the product's output has Hd as its batch dimension, so routed
+  K/V are copied once into (B, R, T, Hd) order with Hd contiguous (attention kernels need that;
+  SDPA would otherwise fall back to its slow math path), and its weights are made contiguous per
+  layer (bmm needs a unit stride per matrix).
 - Without autograd (``no_grad``): the same products, without autograd functions. For a few
-  tokens (decoding) the fewest ops win, since there is no bandwidth to save: linear routers
-  write each layer's [K|V] once into a pooled (L*R, B*T*2Hd) slot tensor whose views are
-  memoised, and multiply row ranges of it (full, last-j: one product per layer; first-j: two);
-  same-head and per-dim routers concatenate their sources from a list.
-- The uniform average needs no buffer at all: a running sum divided by l+1.
+  tokens (decoding; below ``SMALL_N`` of the kind's ``few_token_columns``) the fewest ops win,
+  since there is no bandwidth to save: the kind's ``few_token_path`` runs. Linear routers write
+  each layer's [K|V] once into a pooled (L*R, B*T*2Hd) slot tensor whose views are memoised, and
+  multiply row ranges of it (full, last-j: one product per layer; first-j: two); same-head and
+  per-dim routers concatenate their sources from a list.
+- The uniform average (``kinds/mean.py``) needs no buffer at all: a running sum divided by l+1.
 - Under torch.compile the same work runs as opaque custom ops (``lime_arch.routing.ops``), which
   Dynamo does not trace: ``BufferMixer`` picks them while Dynamo traces (``use_ops``).
 - ``ConcatMixer`` is the paper's pseudocode (grow the buffer by concatenation at every layer,
-  multiply with the dense router): the benchmark's peer and an independent reference.
+  multiply with the dense router, ``RouterKind.concat_route``): the benchmark's peer and an
+  independent reference.
 Source lists of a router must be sorted (all registered routers' are); plans are cached on the
 router per block size.
 """
@@ -74,51 +78,22 @@ from __future__ import annotations
 
 import torch
 
-from lime_arch.routers import Router, RouterKind
+from lime_arch.router_base import Router
 from lime_arch.routing import ops
 from lime_arch.routing.plan import layout_for, plan_for
-from lime_arch.routing.pool import POOL, Buf
 from lime_arch.routing.state import BufferState, RouteLayer, WriteLayer0
 
 Tensor = torch.Tensor
 
-SMALL_N = 4096  # below this many columns (D * N) no-grad routing takes the few-ops list path
-
-
-def _split_small(out: Tensor, B: int, T: int, R: int, Hd: int) -> tuple[Tensor, Tensor]:
-    """Routed (R, B*T*2Hd) rows of [K|V] -> K, V as (B, R, T, Hd) views."""
-    size, stride = (B, R, T, Hd), (T * 2 * Hd, B * T * 2 * Hd, 2 * Hd, 1)
-    return out.as_strided(size, stride), out.as_strided(size, stride, Hd)
-
-
-class IdentityMixer:
-    """Each layer reads its own K/V."""
-
-    def __init__(self, router: Router):
-        self.router = router
-
-    def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        return k.transpose(1, 2), v.transpose(1, 2)
-
-
-class MeanMixer:
-    """Uniform average of layers 0..l as a running sum: O(1) work per layer."""
-
-    def __init__(self, router: Router):
-        self.router = router
-        self.sum_k = self.sum_v = None
-
-    def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        self.sum_k = k if l == 0 else self.sum_k + k
-        self.sum_v = v if l == 0 else self.sum_v + v
-        return (self.sum_k / (l + 1)).transpose(1, 2), (self.sum_v / (l + 1)).transpose(1, 2)
+SMALL_N = 4096  # below this many columns (the kind's ``few_token_columns``) no-grad routing takes the few-ops path
 
 
 class BufferMixer:
-    """Learned routers (linear, same-head and per-dim) over the preallocated, blocked buffer."""
+    """The buffered kinds (linear, same-head, per-dim, ...) over the preallocated, blocked buffer.
+    Generic over the router's kind: the layout, the K/V views and the few-token path are its."""
 
     def __init__(self, router: Router, block: int | None = None, use_ops: bool | None = None):
-        self.router, self.block = router, block
+        self.router, self.block, self.kind = router, block, router.kind
         # under torch.compile the routing runs as opaque custom ops (``lime_arch.routing.ops``), which
         # build the plan themselves: nothing here may touch the plan caches while Dynamo traces
         self.use_ops = torch.compiler.is_compiling() if use_ops is None else use_ops
@@ -128,12 +103,12 @@ class BufferMixer:
         self.state: BufferState | None = None
         self.link: Tensor | None = None  # what the next layer's autograd function (or op) consumes
         self.mode = "grad"
-        self.slot_kv: list[Tensor] = []  # few-token path of same-head and per-dim: [K|V] per slot
-        self.small_buf: Buf | None = None  # few-token path of linear routers: the pooled slot tensor
-        self.small_views: list | None = None  # and its memoised per-layer views
+        self.small = None  # the few-token path of this pass (``kind.few_token_path``)
         self.taken: tuple = ()  # ops path: per layer, the other members whose weights it takes
 
-    def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Layer l's raw K/V (B, T, R, Hd) -> routed (B, R, T, Hd); ``q`` (the layer's query) is
+        not read: the buffered kinds' weights do not depend on the tokens."""
         if self.use_ops:
             return self._route_ops(l, k, v)
         router, plan = self.router, self.plan
@@ -142,12 +117,12 @@ class BufferMixer:
             self.mode = "grad" if torch.is_grad_enabled() and (
                 k.requires_grad or v.requires_grad or any(w.requires_grad for w in ws)) else "nograd"
             B, T, R, Hd = k.shape
-            if self.mode == "nograd" and 2 * B * T * Hd * (Hd if router.kind is RouterKind.PER_DIM else 1) < SMALL_N:
-                self.mode, self.slot_kv = "small", []
+            if self.mode == "nograd" and self.kind.few_token_columns(B, T, Hd) < SMALL_N:
+                self.mode, self.small = "small", self.kind.few_token_path(router, self.layout, plan)
             else:
                 self.state = BufferState(router, self.layout, plan, k, ws[0].dtype if ws else k.dtype)
         if self.mode == "small":
-            return self._route_small(l, k, v)
+            return self.small.route(l, k, v, None if l == 0 else self._weight(l))
         st = self.state
         if self.mode == "grad":
             if l == 0:
@@ -184,92 +159,29 @@ class BufferMixer:
     def _weight(self, l: int) -> Tensor:
         return self.layer_weights[l - 1]
 
-    def _build_small_views(self, B: int, T: int, R: int, Hd: int) -> list:
-        """Per layer of the slot tensor: its [K|V] write view in (B, T, R, 2Hd) order, and the
-        source row runs as (col0, col1, rows)."""
-        t, out = self.small_buf.t, []
-        for l in range(self.router.n_layers):
-            slot = t[l * R:(l + 1) * R].view(R, B, T, 2 * Hd).permute(1, 2, 0, 3)
-            out.append((slot, [(c0, c1, t[r0:r1]) for c0, c1, r0, r1 in self.plan.source_runs[l]]))
-        return out
-
-    def _route_small(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
-        """No autograd, a few tokens (decoding). Linear routers: each layer's [K|V] goes once into
-        its rows of a (L*R, B*T*2Hd) slot tensor and the product runs over row ranges of it (full
-        and last-j: one slice, first-j: two), so nothing is concatenated per layer (re-copying
-        every earlier slot at every layer cost full routing ~10% of decode speed at batch 8).
-        Same-head and per-dim routers keep [K|V] in a list and concatenate their sources."""
-        B, T, R, Hd = k.shape
-        kind = self.router.kind
-        if kind is RouterKind.LINEAR:
-            L = self.router.n_layers
-            if l == 0:  # pooled on CPU, with its views memoised: a decode step is ~10 small ops per layer
-                self.small_buf = POOL.get((L * R, B * T * 2 * Hd), k)
-                key = ("small", self.plan, B, T, R, Hd)
-                self.small_views = self.small_buf.memo.get(key)
-                if self.small_views is None:
-                    self.small_views = self.small_buf.memo[key] = self._build_small_views(B, T, R, Hd)
-            slot, runs = self.small_views[l]
-            torch.cat((k, v), dim=-1, out=slot)  # one op writes both halves of the slot
-            if l == L - 1:  # every read of this pass is below; the outputs are fresh tensors
-                POOL.put(self.small_buf)
-            if l == 0:
-                return k.transpose(1, 2), v.transpose(1, 2)
-            w = self._weight(l)
-            if w.dtype != k.dtype:
-                w = w.to(k.dtype)
-            if len(runs) == 1:
-                out = torch.mm(w, runs[0][2])
-            else:
-                cols = self.layout.column_slices(w, runs)
-                out = torch.mm(cols[0], runs[0][2])
-                for a, (_, _, x) in zip(cols[1:], runs[1:]):
-                    out.addmm_(a, x)
-            return _split_small(out, B, T, R, Hd)
-        self.slot_kv.append(torch.cat((k, v), dim=-1).permute(2, 0, 1, 3))  # (R, B, T, 2Hd) view
-        if l == 0:
-            return k.transpose(1, 2), v.transpose(1, 2)
-        w = self._weight(l)
-        src = self.plan.sources[l]
-        x = torch.cat([self.slot_kv[s] for s in src], dim=0)  # (|S|R, B, T, 2Hd), contiguous
-        if w.dtype != x.dtype:
-            w = w.to(x.dtype)
-        if kind is RouterKind.PER_DIM:  # (R, |S|R, Hd), the same weights for K and V
-            out = torch.einsum("hcd,cnd->hnd", torch.cat((w, w), dim=-1),
-                               x.view(len(src) * R, B * T, 2 * Hd)).contiguous()  # einsum may permute
-        else:  # same-head (R, |S|): head h reads head h of each source
-            out = torch.bmm(w.unsqueeze(1), x.view(len(src), R, -1).transpose(0, 1)).view(R, -1)
-        return _split_small(out, B, T, R, Hd)
-
 
 class ConcatMixer:
-    """The paper's pseudocode: concatenate the whole buffer at every layer, then multiply."""
+    """The paper's pseudocode: concatenate the whole buffer at every layer, then mix it as the
+    router's kind says (``RouterKind.concat_route``: by default its ``dense(l)`` matrix)."""
 
     def __init__(self, router: Router):
         self.router = router
         self.k_all = self.v_all = None
 
-    def route(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self.k_all = k if l == 0 else torch.cat([self.k_all, k], dim=2)  # (B, T, (l+1)R, Hd)
         self.v_all = v if l == 0 else torch.cat([self.v_all, v], dim=2)
-        if l == 0 or self.router.kind is RouterKind.IDENTITY:
+        if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)
-        d = self.router.dense(l).to(device=k.device, dtype=k.dtype)
-        eq = "hc,btcd->bhtd" if d.dim() == 2 else "hcd,btcd->bhtd"
-        return torch.einsum(eq, d, self.k_all), torch.einsum(eq, d, self.v_all)
-
-
-# the parameter-free kinds; every learned kind runs on the buffer
-_MIXERS = {RouterKind.IDENTITY: IdentityMixer, RouterKind.MEAN: MeanMixer}
+        return self.router.kind.concat_route(self.router, l, k, v, self.k_all, self.v_all, q)
 
 
 def make_mixer(router: Router, routing_impl: str = "buffer", *, block: int | None = None,
                use_ops: bool | None = None):
-    """A fresh mixer for one forward pass. ``block`` overrides the layer-block size of the buffer
-    mixer (tests; None lets ``choose_block`` pick it); ``use_ops`` runs it as the compile path's
-    custom ops (None: exactly when torch.compile traces)."""
+    """A fresh mixer for one forward pass: the paper's concatenation, or the router kind's own
+    (``RouterKind.make_mixer``). ``block`` overrides the layer-block size of the buffer mixer
+    (tests; None lets ``choose_block`` pick it); ``use_ops`` runs it as the compile path's custom
+    ops (None: exactly when torch.compile traces)."""
     if routing_impl == "concat":
         return ConcatMixer(router)
-    if router.kind.learned:
-        return BufferMixer(router, block, use_ops)
-    return _MIXERS[router.kind](router)
+    return router.kind.make_mixer(router, block=block, use_ops=use_ops)

@@ -21,6 +21,10 @@ two views of one storage). The plan and layout come from the router's spec: ``_c
 the router on the meta device (its sources depend only on the spec and the depth), so the
 compiled graph holds names and numbers only. A pass whose backward never runs stays in ``PASSES``
 until ``MAX_PASSES`` newer passes push it out.
+
+The ops are generic over the router's kind: the shapes and strides of their outputs (and of the
+fake kernels') come from the kind object (``BufferedKind.rows_shape``, ``kv_pair``,
+``routed_pair``, ``routed_like``), so a new buffered kind needs no change here.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import itertools
 
 import torch
 
-from lime_arch.routers import Router, RouterKind, build_router
+from lime_arch.router_base import Router, build_router
 from lime_arch.routing.plan import Layout, Plan, plan_for
 from lime_arch.routing.state import BufferState
 
@@ -92,35 +96,6 @@ def _token_like() -> Tensor:
     return torch.empty((), dtype=torch.float64, device="cpu")
 
 
-def _rows_shape(kind: RouterKind, B, T, R: int, Hd: int, rows: int) -> tuple:
-    """(D, rows, N) of a buffer-shaped tensor with ``rows`` rows (``Layout``)."""
-    if kind is RouterKind.PER_DIM:
-        return (Hd, rows, 2 * B * T)
-    return (R, rows, 2 * B * T * Hd) if kind is RouterKind.SAME_HEAD else (1, rows, 2 * B * T * Hd)
-
-
-def kv_pair(t: Tensor, kind: RouterKind, B, T, R: int, Hd: int, out_order: bool) -> Tensor:
-    """A contiguous (D, rows, N) tensor of K|V as one (2, B, R, T, Hd) view (``out_order``, routed
-    outputs) or (2, B, T, R, Hd) (buffer order, slot gradients): ``BufferState._kv_views`` as one
-    tensor. Strides follow from the sizes, so the fake kernels give the real strides."""
-    if kind is RouterKind.PER_DIM:  # t: (Hd, R, 2BT)
-        sd, sr = R * 2 * B * T, 2 * B * T
-        if out_order:
-            return t.as_strided((2, B, R, T, Hd), (B * T, T, sr, 1, sd))
-        return t.as_strided((2, B, T, R, Hd), (B * T, T, 1, sr, sd))
-    sr = t.shape[1] * t.shape[2] if kind is RouterKind.SAME_HEAD else t.shape[2]  # head stride
-    if out_order:
-        return t.as_strided((2, B, R, T, Hd), (B * T * Hd, T * Hd, sr, Hd, 1))
-    return t.as_strided((2, B, T, R, Hd), (B * T * Hd, T * Hd, Hd, sr, 1))
-
-
-def _routed(state: BufferState, out: Tensor) -> Tensor:
-    """Routed (D, out_rows, N) -> (2, B, R, T, Hd); per-dim copies (as ``BufferState.split``)."""
-    if state.per_dim:
-        return torch.stack(state.split(out))
-    return kv_pair(out.contiguous(), state.layout.kind, state.B, state.T, state.R, state.Hd, True)
-
-
 def _weight_out(g: Tensor | None, like: Tensor, need: bool) -> Tensor:
     """A weight gradient as the op returns it: contiguous, ``like``'s shape; empty when not needed."""
     if not need:
@@ -150,19 +125,20 @@ def _(k, v, spec, n_layers, R, Hd, block, weight_dtype, grad):
 def route_begin_backward(token: Tensor, g_token: Tensor, B: int, T: int, dtype: torch.dtype,
                          device: torch.device, spec: str, n_layers: int, R: int, Hd: int, block: int) -> Tensor:
     state = PASSES.get(token)
-    kind = state.layout.kind
+    kind = state.kind
     rows = state.slot_grad_rows(0)
     if rows is None:  # no layer read slot 0 with a gradient
-        rows = torch.zeros(_rows_shape(kind, B, T, R, Hd, state.rows_per_slot), dtype=dtype, device=device)
+        rows = torch.zeros(kind.rows_shape(B, T, R, Hd, state.rows_per_slot), dtype=dtype, device=device)
     PASSES.close(token)
-    return kv_pair(rows.contiguous(), kind, B, T, R, Hd, False)
+    return kind.kv_pair(rows.contiguous(), B, T, R, Hd, False)
 
 
 @route_begin_backward.register_fake
 def _(token, g_token, B, T, dtype, device, spec, n_layers, R, Hd, block):
     _, layout, _ = _config(spec, n_layers, R, Hd, block)
-    rows = torch.empty(_rows_shape(layout.kind, B, T, R, Hd, layout.rows_per_slot), dtype=dtype, device=device)
-    return kv_pair(rows, layout.kind, B, T, R, Hd, False)
+    kind = layout.kind
+    rows = torch.empty(kind.rows_shape(B, T, R, Hd, layout.rows_per_slot), dtype=dtype, device=device)
+    return kind.kv_pair(rows, B, T, R, Hd, False)
 
 
 def _begin_setup(ctx, inputs, output) -> None:
@@ -187,7 +163,7 @@ torch.library.register_autograd("lime::route_begin", _begin_backward, setup_cont
 def route_layer(k: Tensor, v: Tensor, w: Tensor, token: Tensor, members: list[Tensor], spec: str, n_layers: int,
                 R: int, Hd: int, block: int, l: int, grad: bool) -> tuple[Tensor, Tensor]:
     state = PASSES.get(token)
-    kv = _routed(state, state.route_layer(l, k, v, w, members, grad))
+    kv = state.kind.routed_pair(state.route_layer(l, k, v, w, members, grad), state.B, state.T, R, Hd)
     if not grad and l == n_layers - 1:  # no backward will come: the buffer goes back now
         PASSES.close(token)
     return kv, token.clone()
@@ -196,11 +172,7 @@ def route_layer(k: Tensor, v: Tensor, w: Tensor, token: Tensor, members: list[Te
 @route_layer.register_fake
 def _(k, v, w, token, members, spec, n_layers, R, Hd, block, l, grad):
     _, layout, _ = _config(spec, n_layers, R, Hd, block)
-    B, T = k.shape[0], k.shape[1]
-    if layout.kind is RouterKind.PER_DIM:
-        return k.new_empty(2, B, R, T, Hd), _token_like()
-    out = k.new_empty(_rows_shape(layout.kind, B, T, R, Hd, layout.out_rows))
-    return kv_pair(out, layout.kind, B, T, R, Hd, True), _token_like()
+    return layout.kind.routed_like(k, k.shape[0], k.shape[1], R, Hd), _token_like()
 
 
 @torch.library.custom_op("lime::route_layer_backward", mutates_args=(), tags=_TAGS)
@@ -209,10 +181,10 @@ def route_layer_backward(g_kv: Tensor, g_token: Tensor, token: Tensor, w: Tensor
                          need_w: bool, need_members: list[bool]) -> tuple[Tensor, Tensor, list[Tensor], Tensor]:
     state = PASSES.get(token)
     rows, dw, others = state.backward_layer(l, g_kv[0], g_kv[1], need_w, need_kv, need_members)
-    kind, B, T = state.layout.kind, state.B, state.T
+    kind, B, T = state.kind, state.B, state.T
     if rows is None:
-        rows = g_kv.new_zeros(_rows_shape(kind, B, T, R, Hd, state.rows_per_slot))
-    slot = kv_pair(rows.contiguous(), kind, B, T, R, Hd, False)
+        rows = g_kv.new_zeros(kind.rows_shape(B, T, R, Hd, state.rows_per_slot))
+    slot = kind.kv_pair(rows.contiguous(), B, T, R, Hd, False)
     return (slot, _weight_out(dw, w, need_w), [_weight_out(g, m, n) for g, m, n in zip(others, members, need_members)],
             torch.zeros((), dtype=torch.float64))
 
@@ -220,9 +192,9 @@ def route_layer_backward(g_kv: Tensor, g_token: Tensor, token: Tensor, w: Tensor
 @route_layer_backward.register_fake
 def _(g_kv, g_token, token, w, members, spec, n_layers, R, Hd, block, l, need_kv, need_w, need_members):
     _, layout, _ = _config(spec, n_layers, R, Hd, block)
-    B, T = g_kv.shape[1], g_kv.shape[3]
-    rows = g_kv.new_empty(_rows_shape(layout.kind, B, T, R, Hd, layout.rows_per_slot))
-    return (kv_pair(rows, layout.kind, B, T, R, Hd, False), _weight_out(None, w, need_w),
+    B, T, kind = g_kv.shape[1], g_kv.shape[3], layout.kind
+    rows = g_kv.new_empty(kind.rows_shape(B, T, R, Hd, layout.rows_per_slot))
+    return (kind.kv_pair(rows, B, T, R, Hd, False), _weight_out(None, w, need_w),
             [_weight_out(None, m, n) for m, n in zip(members, need_members)], _token_like())
 
 

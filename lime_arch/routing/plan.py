@@ -1,7 +1,8 @@
 """Where the buffer mixer's work goes: the buffer layout, layer blocks, per-layer plans, traffic.
 
 ``Layout`` says how one layer's K/V sit in the buffer (``rows_per_slot`` rows per layer) and how
-a router's ``weight(l)`` becomes the (D, out_rows, columns) operand of a batched product.
+a router's ``weight(l)`` becomes the (D, out_rows, columns) operand of a batched product, as the
+router's kind defines them (``lime_arch.routing.kinds.buffered``).
 ``Plan`` fixes, for one router and block size, which products every layer runs: layers are
 grouped in blocks of ``block`` consecutive layers; a block's *members* are its layers with
 sources below the block's first layer (*old slots*), whose old-slot part is computed in one
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lime_arch.routers import Router, RouterKind
+from lime_arch.router_base import Router
 
 Tensor = torch.Tensor
 
@@ -110,15 +111,16 @@ class Traffic:
         return self.in_block / 2 + self.old_slots + 2 * self.old_products
 
 
-def traffic(sources: list[list[int]], blocks: list[LayerBlock], per_dim: bool = False) -> Traffic:
-    """The traffic of the plan with these source sets and blocks (see ``Traffic``)."""
+def traffic(sources: list[list[int]], blocks: list[LayerBlock], copies: bool = False) -> Traffic:
+    """The traffic of the plan with these source sets and blocks (see ``Traffic``); ``copies``: the
+    kind copies routed K/V into attention's layout and their gradients back (per-dim)."""
     L = len(sources)
     in_block = 3 * sum(sum(s >= blk.l0 for s in sources[l]) for blk in blocks for l in range(max(blk.l0, 1), blk.l1))
     with_members = [blk for blk in blocks if blk.members]
     old = sum(4 * (len(blk.old_slots) + len(blk.members)) for blk in with_members)
     # fixed: write K/V (read + write); zero grad_out; per layer >= 1 its output, its grad_out store
-    # (read + write) and its dW; per slot its gradient; per-dim copies the output and its gradient
-    fixed = 2 * L + L + 4 * (L - 1) + L + (4 * (L - 1) if per_dim else 0)
+    # (read + write) and its dW; per slot its gradient; a copying kind copies the output and its gradient
+    fixed = 2 * L + L + 4 * (L - 1) + L + (4 * (L - 1) if copies else 0)
     return Traffic(in_block=in_block, old_slots=old, old_products=len(with_members),
                    grad_buffer=2 * L if with_members else 0, fixed=fixed)
 
@@ -175,22 +177,23 @@ class Plan:
             if blk.members and blk.members == list(range(blk.members[0], blk.members[-1] + 1)):
                 blk.member_rows = ((blk.members[0] - blk.l0) * out_rows, (blk.members[-1] + 1 - blk.l0) * out_rows)
 
-    def traffic(self, per_dim: bool = False) -> Traffic:
-        return traffic(self.sources, self.blocks, per_dim)
+    def traffic(self, copies: bool = False) -> Traffic:
+        return traffic(self.sources, self.blocks, copies)
 
 
 class Layout:
-    """How one layer's K/V sit in the buffer and how ``weight(l)`` becomes (D, out_rows, columns).
-
-    linear:    D = 1,  rows_per_slot = out_rows = R, operand (1, R, |S|R)
-    per-dim:   D = Hd, rows_per_slot = out_rows = R, operand (Hd, R, |S|R)
-    same-head: D = R,  rows_per_slot = out_rows = 1, operand (R, 1, |S|): a batch per head"""
+    """How one layer's K/V sit in the buffer and how ``weight(l)`` becomes (D, out_rows, columns):
+    the router's kind says (``lime_arch.routing.kinds``: ``slot_rows``, ``operand``,
+    ``weight_grad``); this object checks the router's weights against it once and memoises views
+    of the weights that are parameters. linear: D = 1, R rows per slot, operand (1, R, |S|R);
+    per-dim: D = Hd, R rows, (Hd, R, |S|R); same-head: D = R, 1 row, (R, 1, |S|)."""
 
     def __init__(self, router: Router, memoize: bool = True):
-        if not router.kind.learned:
-            raise ValueError(f"router {router.spec}: kind {router.kind.value} has no weights to lay out")
-        self.kind, self.R, self.Hd = router.kind, router.R, router.head_dim
-        self.rows_per_slot = self.out_rows = 1 if self.kind is RouterKind.SAME_HEAD else router.R
+        kind = router.kind
+        if not kind.learned:
+            raise ValueError(f"router {router.spec}: kind {kind.name} has no weights to lay out")
+        self.kind, self.R, self.Hd = kind, router.R, router.head_dim
+        self.rows_per_slot = self.out_rows = kind.slot_rows(router.R)
         self.memo: dict[tuple, tuple] = {}  # (id(param), tag) -> (param, data_ptr, dtype, views)
         self.memoize = memoize  # False: a layout shared by many models (the compile ops) keeps no views
         with torch.no_grad():  # the contract of weight(l), checked once per router
@@ -199,15 +202,11 @@ class Layout:
                 if w is None or tuple(w.shape) != want:
                     got = None if w is None else tuple(w.shape)
                     raise ValueError(f"router {router.spec}: weight({l}) has shape {got}; kind "
-                                     f"{self.kind.value} multiplies {want}")
+                                     f"{kind.name} multiplies {want}")
 
     def operand(self, w: Tensor) -> Tensor:
         """The router's weight of a layer as (D, out_rows, |S|*rows_per_slot) (used inside autograd functions)."""
-        if self.kind is RouterKind.LINEAR:
-            return w.unsqueeze(0)  # (1, R, |S|R)
-        if self.kind is RouterKind.PER_DIM:  # (Hd, R, |S|R), made contiguous: bmm needs a unit stride per matrix
-            return w.permute(2, 0, 1).contiguous()
-        return w.unsqueeze(1)  # same-head: (R, |S|) -> (R, 1, |S|)
+        return self.kind.operand(w)
 
     def _memo(self, w: Tensor, tag, build, views: bool = True):
         """``build()`` (under no_grad), memoised per parameter and ``tag`` while it is a set of views
@@ -224,12 +223,12 @@ class Layout:
         return out
 
     def split_columns(self, w: Tensor, n_old: int) -> tuple[Tensor, Tensor]:
-        """(old-slot columns, in-block columns) of ``operand(w)``. Per-dim's operand is a
-        contiguous copy, not a view, so it is rebuilt every time."""
+        """(old-slot columns, in-block columns) of ``operand(w)``. An operand that is a copy, not a
+        view (per-dim's contiguous one), is rebuilt every time."""
         def build():
-            op, cut = self.operand(w), n_old * self.rows_per_slot
+            op, cut = self.kind.operand(w), n_old * self.rows_per_slot
             return op[:, :, :cut], (op[:, :, cut:] if n_old else op)
-        return self._memo(w, n_old, build, views=self.kind is not RouterKind.PER_DIM)
+        return self._memo(w, n_old, build, views=self.kind.operand_is_view)
 
     def column_slices(self, w: Tensor, runs: list) -> list[Tensor]:
         """``w[:, c0:c1]`` per run (decode's few-token path of linear routers)."""
@@ -237,11 +236,7 @@ class Layout:
 
     def weight_grad(self, g: Tensor, dtype: torch.dtype) -> Tensor:
         """A (D, out_rows, |S|*rows_per_slot) gradient back in the shape of ``weight(l)``."""
-        if self.kind is RouterKind.LINEAR:
-            return g.squeeze(0).to(dtype)
-        if self.kind is RouterKind.PER_DIM:
-            return g.permute(1, 2, 0).to(dtype)
-        return g.squeeze(1).to(dtype)  # same-head: (R, 1, |S|) -> (R, |S|)
+        return self.kind.weight_grad(g, dtype)
 
 
 def layout_for(router: Router) -> Layout:
@@ -268,16 +263,11 @@ def plan_for(router: Router, lay: Layout, block: int | None) -> Plan:
 
 def step_traffic(router: Router, batch: int, seq: int, elem_bytes: int = 4,
                  block: int | None = None) -> tuple[int, int]:
-    """(slots, bytes) the buffer mixer's routing reads and writes in one training step of ``batch``
-    sequences of ``seq`` tokens, for the plan it runs (``block`` None: the chooser's). ``none``
-    moves nothing; the running mean moves about 10 slots per layer (forward: an add, 3 slots, and a
-    divide, 2; backward about the same)."""
+    """(slots, bytes) the routing reads and writes in one training step of ``batch`` sequences of
+    ``seq`` tokens: the kind's count (``RouterKind.traffic_slots``). The buffered kinds count the
+    plan the buffer mixer runs (``block`` None: the chooser's); ``none`` moves nothing; the running
+    mean moves about 10 slots per layer (forward: an add, 3 slots, and a divide, 2; backward about
+    the same)."""
     slot = 2 * batch * seq * router.R * router.head_dim * elem_bytes  # one layer's K and V
-    L = router.n_layers
-    if router.kind is RouterKind.IDENTITY:
-        return 0, 0
-    if router.kind is RouterKind.MEAN:
-        return 10 * L, 10 * L * slot
-    lay = layout_for(router)
-    slots = plan_for(router, lay, block).traffic(per_dim=router.kind is RouterKind.PER_DIM).slots
+    slots = router.kind.traffic_slots(router, block)
     return slots, slots * slot

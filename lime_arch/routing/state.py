@@ -4,8 +4,10 @@
 during backward, the gradient buffers; ``WriteLayer0`` and ``RouteLayer`` are the custom
 autograd functions that write each layer's K/V, route it and do the gradient bookkeeping. The
 design is described in ``lime_arch.routing.mixers`` and in docs/ARCHITECTURE.md, "Routing
-internals". Shapes: D is the batch dimension of the products (1, Hd or R, see ``Layout``), N the
-columns (2*B*T*Hd, or 2*B*T per-dim: K and V side by side), a slot is ``rows_per_slot`` rows.
+internals". Shapes: D is the batch dimension of the products and N the columns (K and V side by
+side), both the router kind's (``BufferedKind.buffer_dims``: linear (1, 2*B*T*Hd), same-head
+(R, 2*B*T*Hd), per-dim (Hd, 2*B*T)); a slot is ``rows_per_slot`` rows. Everything that depends on
+the layout (K/V views of the buffer, the routed outputs) is asked of the kind.
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ import weakref
 import torch
 from torch.autograd import Function
 
-from lime_arch.routers import Router, RouterKind
+from lime_arch.router_base import Router
 from lime_arch.routing.plan import LayerBlock, Layout, Plan
 from lime_arch.routing.pool import POOL, Buf
 
@@ -40,10 +42,8 @@ class BufferState:
         self.L, self.R, self.B, self.T, self.Hd = router.n_layers, R, B, T, Hd
         self.layout, self.plan = layout, plan
         self.rows_per_slot, self.out_rows = layout.rows_per_slot, layout.out_rows
-        self.per_dim = layout.kind is RouterKind.PER_DIM
-        self.same_head = layout.kind is RouterKind.SAME_HEAD
-        self.D, self.N = (Hd, 2 * B * T) if self.per_dim else ((R, 2 * B * T * Hd) if self.same_head
-                                                                else (1, 2 * B * T * Hd))
+        self.kind = layout.kind
+        self.D, self.N = self.kind.buffer_dims(B, T, R, Hd)
         self.kv_buf: Buf | None = POOL.get((self.D, self.L * self.rows_per_slot, self.N), k)
         self.kv = self.kv_buf.t
         # write views per slot, memoised on the pooled tensor
@@ -74,17 +74,8 @@ class BufferState:
 
     # -- views ---------------------------------------------------------------------------------
     def _kv_views(self, t: Tensor, out_order: bool) -> tuple[Tensor, Tensor]:
-        """(D, rows, N) -> K, V views: (B, T, R, Hd) (buffer order) or (B, R, T, Hd) (routed order),
-        as two ``as_strided`` views (one op each; view + permute + unbind would be three)."""
-        B, T, R, Hd = self.B, self.T, self.R, self.Hd
-        off = t.storage_offset()
-        if self.per_dim:  # t: (Hd, R, 2BT)
-            sd, sr = t.stride(0), t.stride(1)
-            size, stride = ((B, R, T, Hd), (T, sr, 1, sd)) if out_order else ((B, T, R, Hd), (T, 1, sr, sd))
-            return t.as_strided(size, stride, off), t.as_strided(size, stride, off + B * T)
-        sr = t.stride(0) if self.same_head else t.stride(1)  # head stride
-        size, stride = ((B, R, T, Hd), (T * Hd, sr, Hd, 1)) if out_order else ((B, T, R, Hd), (T * Hd, Hd, sr, 1))
-        return t.as_strided(size, stride, off), t.as_strided(size, stride, off + B * T * Hd)
+        """(D, rows, N) -> K, V views: (B, T, R, Hd) (buffer order) or (B, R, T, Hd) (routed order)."""
+        return self.kind.kv_views(t, self.B, self.T, self.R, self.Hd, out_order)
 
     def write(self, l: int, k: Tensor, v: Tensor) -> None:
         """Copy layer l's raw K and V into its slot."""
@@ -96,13 +87,9 @@ class BufferState:
         views[1].copy_(v)
 
     def split(self, out: Tensor) -> tuple[Tensor, Tensor]:
-        """Routed (D, out_rows, N) -> K, V as (B, R, T, Hd) views with Hd contiguous."""
-        if self.per_dim:  # Hd is the product's batch dimension: one copy into attention's layout
-            R, B, T, Hd = self.R, self.B, self.T, self.Hd
-            kv = out.new_empty(2, B, R, T, Hd)
-            kv.copy_(out.view(Hd, R, 2, B, T).permute(2, 3, 1, 4, 0))
-            return kv.unbind(0)
-        return self._kv_views(out, True)
+        """Routed (D, out_rows, N) -> K, V as (B, R, T, Hd) with Hd contiguous (views, or the
+        kind's one copy into attention's layout)."""
+        return self.kind.split(out, self.B, self.T, self.R, self.Hd)
 
     def _old_slot_rows(self, blk: LayerBlock) -> Tensor:
         """The buffer rows of the block's old slots: a view if they are one run, else a gathered copy."""

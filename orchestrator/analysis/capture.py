@@ -32,8 +32,8 @@ def capture(model: lime_model.LIMeDecoder):
         mixer = original(inner, memo)
         route = mixer.route
 
-        def route_and_record(l, k, v):
-            kr, vr = route(l, k, v)
+        def route_and_record(l, k, v, q=None):  # the mixer's interface: q is the layer's query
+            kr, vr = route(l, k, v, q=q)
             B, R, T, Hd = vr.shape
             store["values"][l] = vr.detach().transpose(1, 2).reshape(B, T, R * Hd)  # (B, T, R*Hd)
             return kr, vr

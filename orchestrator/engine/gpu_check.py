@@ -8,7 +8,7 @@ One line per check, exit code 1 if any fails (2 when there is no CUDA device at 
 - ``flash-attn``: when flash-attn is installed, ``attn_impl: flash`` runs flash-attn's kernel and
   agrees with SDPA in bf16 (max |diff| of the logits below 5e-2); otherwise a ``skip`` line.
 - ``train <router> <eager|compiled>``: for one router of each kind of the registry
-  (``lime_arch.RouterKind``), a 20-step training run through the engine's trainer on CUDA (bf16
+  (``lime_arch.ROUTER_KINDS``), a 20-step training run through the engine's trainer on CUDA (bf16
   autocast, flash-attn when installed), eager and ``torch.compile``d: every loss finite, the
   loss lower at the end than at the start, and the peak memory read from the CUDA allocator.
 
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
-from lime_arch import RouterKind, build_model, parse_router, preset, router_specs
+from lime_arch import ROUTER_KINDS, RouterKind, build_model, parse_router, preset, router_specs
 from orchestrator.engine.trial import Tracking, run_trial
 from orchestrator.engine.trial_config import TrialConfig
 
@@ -41,11 +41,11 @@ def flash_installed() -> bool:
 
 
 def one_router_per_kind() -> list[str]:
-    """The first registered router spec of every RouterKind."""
+    """The first registered router spec of every router kind, in the kinds' registration order."""
     seen: dict[RouterKind, str] = {}
     for spec in router_specs():
         seen.setdefault(parse_router(spec)[0].kind, spec)
-    return [seen[k] for k in RouterKind if k in seen]
+    return [seen[k] for k in ROUTER_KINDS.values() if k in seen]
 
 
 def check_device() -> str:

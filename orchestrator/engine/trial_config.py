@@ -21,13 +21,18 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch import ConfigError, ModelConfig, preset
 from lime_arch.config import PRESETS
+from lime_arch.specs import Registry
 from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str, optional_number, validate
 from orchestrator.engine.taskspec import build_task
 from orchestrator.tasks import TASKS
 
 SCHEDULES = ("cosine", "linear", "constant")
-# Every data source by name (checked here without reading data; see orchestrator.engine.data).
-DATA_SOURCES = ("builtin", "text", "hf", *TASKS)
+CORPUS_SOURCES = ("builtin", "text", "hf")  # the corpora (orchestrator.engine.data.corpus)
+# Every data source by name: the one table. Configs are checked against it here without importing
+# the data modules; orchestrator.engine.data registers the function of each name in SOURCES (and
+# may register no other name), a synthetic task's from the task registry.
+SOURCES = Registry("source", key="data.source", declared=(*CORPUS_SOURCES, *TASKS))
+DATA_SOURCES = SOURCES.declared
 CORPUS_TOKENIZERS = ("byte", "bpe")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -129,8 +134,7 @@ class TrialConfig:
             raise ConfigError(f"optim.min_lr: {o.min_lr} is above optim.lr={o.lr}")
         if o.router_lr is not None and o.router_lr_mult is not None:
             raise ConfigError("optim.router_lr: set router_lr or router_lr_mult, not both")
-        if d.source not in DATA_SOURCES:
-            raise ConfigError(f"data.source: unknown source {d.source!r}; allowed: {', '.join(DATA_SOURCES)}")
+        SOURCES.require(d.source)  # "data.source: unknown source ...; allowed: ..."
         if d.source in ("builtin", "text") and d.tokenizer not in CORPUS_TOKENIZERS:
             raise ConfigError(f"data.tokenizer: {d.tokenizer!r} is not one of {', '.join(CORPUS_TOKENIZERS)}")
         if d.source in TASKS:

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from lime_arch.errors import ConfigError
+from lime_arch.specs import Registry
 
 SPLITS: tuple[str, ...] = ("train", "val", "test")
 # Upper ends of each split's share of the prompt-hash space [0, 1).
@@ -202,22 +203,20 @@ class Task(ABC):
         return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in self.params.items())})"
 
 
-TASKS: dict[str, type[Task]] = {}
+TASKS: Registry[type[Task]] = Registry("task", sort=True)  # errors list the names alphabetically
 
 
 def register_task(name: str) -> Callable[[type[Task]], type[Task]]:
     """Class decorator: registers a Task subclass under ``name`` and sets its ``name``."""
     def deco(cls: type[Task]) -> type[Task]:
-        if name in TASKS:
-            raise ValueError(f"task {name!r} registered twice")
+        if not (isinstance(cls, type) and issubclass(cls, Task)):
+            raise TypeError(f"task {name!r}: {cls!r} is not a subclass of Task")
+        TASKS.add(name, cls)
         cls.name = name
-        TASKS[name] = cls
         return cls
     return deco
 
 
 def make_task(name: str, **params: Any) -> Task:
     """The registered task ``name`` with ``params``; ConfigError for an unknown name or parameter."""
-    if name not in TASKS:
-        raise ConfigError(f"unknown task {name!r}; allowed: {', '.join(sorted(TASKS))}")
-    return TASKS[name](**params)
+    return TASKS.lookup(name)(**params)

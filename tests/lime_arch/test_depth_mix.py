@@ -67,7 +67,7 @@ def test_bad_specs_are_one_line_config_errors(spec, message):
 
 
 def test_registration_checks_the_class(monkeypatch):
-    monkeypatch.setattr(registry_mod, "DEPTH_MIXES", dict(DEPTH_MIXES))
+    monkeypatch.setattr(registry_mod, "DEPTH_MIXES", DEPTH_MIXES.copy())
     with pytest.raises(ValueError, match="registered already"):
         register_depth_mix("denseformer")(type("X", (DepthMix,), {}))
     with pytest.raises(ValueError, match="lowercase words"):
@@ -83,7 +83,7 @@ def test_registration_checks_the_class(monkeypatch):
 def test_a_new_depth_mix_is_one_class_and_one_registration(monkeypatch):
     """A scaled residual, x + s_k f(x) with learned s (init 1): registered here, it builds, trains,
     decodes from the cache and is counted, without any other code knowing its name."""
-    monkeypatch.setattr(registry_mod, "DEPTH_MIXES", dict(DEPTH_MIXES))
+    monkeypatch.setattr(registry_mod, "DEPTH_MIXES", DEPTH_MIXES.copy())
 
     @register_depth_mix("scaled-residual")
     class ScaledResidual(DepthMix):

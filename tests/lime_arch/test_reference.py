@@ -1,8 +1,8 @@
-"""The decoder against references written here from the paper's equations (arXiv 2502.09245)."""
-import math
-
+"""The decoder against references written here from the paper's equations (arXiv 2502.09245):
+``model_reference.py``, whose routing is the router kind's reference (``kind_references.py``)."""
 import pytest
 import torch
+from model_reference import reference_forward
 from routers_expected import expected_sources, router_specs
 
 from lime_arch import build_model, preset
@@ -15,69 +15,6 @@ def _f64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(torch.float32)
-
-
-def rms(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rope(x, theta):  # x: (B, H, T, Hd), rotate-half convention
-    T, Hd = x.shape[-2:]
-    inv = 1.0 / theta ** (torch.arange(0, Hd, 2, dtype=torch.float64) / Hd)
-    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    x1, x2 = x[..., : Hd // 2], x[..., Hd // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
-def router_weight_dense(model, spec, l, R, Hd):
-    """The paper's Eq. 4 weights as a dense (R, (l+1)R[, Hd]) matrix, built from the raw params."""
-    name = spec.rsplit("-", 1)[0] if spec[-1].isdigit() else spec
-    src = sorted(expected_sources(spec, l))
-    per_dim = name == "per-dim"
-    dense = torch.zeros((R, (l + 1) * R) + ((Hd,) if per_dim else ()))
-    if name == "none" or l == 0:
-        dense[:, l * R:(l + 1) * R] = torch.eye(R) if not per_dim else torch.eye(R)[..., None]
-        return dense
-    if name == "average":
-        for s in src:
-            dense[:, s * R:(s + 1) * R] = torch.eye(R) / len(src)
-        return dense
-    w = model.router.weights[l - 1]
-    for i, s in enumerate(src):
-        if name == "no-head-mix":
-            dense[:, s * R:(s + 1) * R] = torch.diag(w[:, i])
-        else:
-            dense[:, s * R:(s + 1) * R] = w[:, i * R:(i + 1) * R]
-    return dense
-
-
-def reference_forward(model, idx, spec):
-    """Straight from the paper: keep a growing buffer of raw K/V, concatenate, multiply."""
-    cfg = model.cfg
-    H, R, Hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-    B, T = idx.shape
-    x = model.embed.weight[idx]
-    buf_k, buf_v = [], []
-    for l, blk in enumerate(model.blocks):
-        a = blk.attn
-        h = rms(x, blk.attn_norm.weight, cfg.norm_eps)
-        q = (h @ a.wq.weight.T).view(B, T, H, Hd).transpose(1, 2)
-        buf_k.append((h @ a.wk.weight.T).view(B, T, R, Hd))
-        buf_v.append((h @ a.wv.weight.T).view(B, T, R, Hd))
-        K, V = torch.cat(buf_k, 2), torch.cat(buf_v, 2)  # (B, T, (l+1)R, Hd)
-        W = router_weight_dense(model, spec, l, R, Hd)
-        eq = "hc,btcd->bhtd" if W.dim() == 2 else "hcd,btcd->bhtd"
-        k, v = torch.einsum(eq, W, K), torch.einsum(eq, W, V)
-        q, k = rope(q, cfg.rope_theta), rope(k, cfg.rope_theta)
-        k, v = k.repeat_interleave(H // R, 1), v.repeat_interleave(H // R, 1)
-        att = q @ k.transpose(-1, -2) / math.sqrt(Hd)
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(-1)
-        x = x + (att @ v).transpose(1, 2).reshape(B, T, H * Hd) @ a.wo.weight.T
-        m = blk.mlp
-        h = rms(x, blk.mlp_norm.weight, cfg.norm_eps)
-        x = x + (torch.nn.functional.silu(h @ m.w1.weight.T) * (h @ m.w3.weight.T)) @ m.w2.weight.T
-    return rms(x, model.norm.weight, cfg.norm_eps) @ model.embed.weight.T
 
 
 def _grads(model):
@@ -94,7 +31,7 @@ def test_matches_paper_reference_forward_and_gradients(spec, kv):
     (out * target).sum().backward()
     g_fast = _grads(model)
     model.zero_grad(set_to_none=True)
-    ref = reference_forward(model, idx, spec)
+    ref = reference_forward(model, idx, lambda l: expected_sources(spec, l))
     (ref * target).sum().backward()
     g_ref = _grads(model)
     torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)

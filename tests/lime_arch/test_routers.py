@@ -2,15 +2,20 @@ import contextlib
 
 import pytest
 import torch
+from kind_references import REFERENCES as KIND_REFERENCES
 from routers_expected import expected_sources, router_specs
 
 from lime_arch import ConfigError, build_model, param_counts, preset
 from lime_arch.routers import (
+    IDENTITY,
+    LINEAR,
+    MEAN,
+    PER_DIM,
     ROUTERS,
+    SAME_HEAD,
     FullRouter,
     Router,
     RouterArg,
-    RouterKind,
     build_router,
     parse_router,
     register_router,
@@ -78,12 +83,10 @@ def test_router_parameter_counts(spec, kv):
     cfg = tiny(spec, kv)
     L, R, Hd = cfg.n_layers, kv, cfg.head_dim
     n_src = [len(expected_sources(spec, l)) for l in range(1, L)]
-    name = spec.rsplit("-", 1)[0] if spec[-1].isdigit() else spec
-    expected = {"none": 0, "average": 0, "no-head-mix": R * sum(n_src), "per-dim": Hd * R * R * sum(n_src)}
-    want = expected.get(name, R * R * sum(n_src))
-    if name == "full":
-        assert want == R * R * sum(l + 1 for l in range(1, L))
     model = build_model(cfg)
+    want = sum(KIND_REFERENCES[model.router.kind.name].params(n, R, Hd) for n in n_src)
+    if spec == "full":
+        assert want == R * R * sum(l + 1 for l in range(1, L))
     got = sum(p.numel() for p in model.router.parameters())
     assert got == want == param_counts(cfg)["router"]
     assert param_counts(cfg)["total"] == sum(p.numel() for p in model.parameters())
@@ -184,7 +187,7 @@ def _registered(name: str, cls: type):
 class _Strided(Router):
     """Two typed arguments: every ``step``-th slot from ``start``, plus the current one."""
 
-    kind = RouterKind.LINEAR
+    kind = LINEAR
     arguments = (RouterArg("start", int, 1), RouterArg("step", int, 2))
 
     def sources(self, l):
@@ -192,7 +195,7 @@ class _Strided(Router):
 
 
 class _Scaled(Router):
-    kind = RouterKind.MEAN
+    kind = MEAN
     arguments = (RouterArg("scale", float, 0.5),)
 
 
@@ -231,22 +234,22 @@ class _StringKind(Router):
 
 
 class _BadArgType(Router):
-    kind = RouterKind.LINEAR
+    kind = LINEAR
     arguments = (RouterArg("j", str, "x"),)
 
 
 class _ShadowingArg(Router):
-    kind = RouterKind.LINEAR
+    kind = LINEAR
     arguments = (RouterArg("R"),)
 
 
 class _ArgsNotTuple(Router):
-    kind = RouterKind.LINEAR
+    kind = LINEAR
     arguments = [RouterArg("j")]
 
 
 @pytest.mark.parametrize("name,cls,error,match", [
-    ("no-kind", _NoKind, TypeError, "kind must be one of RouterKind.IDENTITY, .*got None"),
+    ("no-kind", _NoKind, TypeError, "kind must be one of the registered router kinds .*identity.*, got None"),
     ("string-kind", _StringKind, TypeError, "kind must be one of .*got 'linear'"),
     ("bad-arg", _BadArgType, TypeError, "argument 'j' has type"),
     ("shadow", _ShadowingArg, ValueError, "argument name 'R' is not a free identifier"),
@@ -266,11 +269,11 @@ def test_registration_checks_the_class(name, cls, error, match):
 def test_kind_decides_operand_shape_and_macs():
     L, R, Hd = 4, 2, 3
     for spec, kind, shape, macs in [
-        ("full", RouterKind.LINEAR, (R, 3 * R), 2 * R * 3 * R * Hd),
-        ("no-head-mix", RouterKind.SAME_HEAD, (R, 3), 2 * R * 3 * Hd),
-        ("per-dim", RouterKind.PER_DIM, (R, 3 * R, Hd), 2 * R * 3 * R * Hd),
-        ("average", RouterKind.MEAN, None, 2 * R * 3 * Hd),
-        ("none", RouterKind.IDENTITY, None, 0),
+        ("full", LINEAR, (R, 3 * R), 2 * R * 3 * R * Hd),
+        ("no-head-mix", SAME_HEAD, (R, 3), 2 * R * 3 * Hd),
+        ("per-dim", PER_DIM, (R, 3 * R, Hd), 2 * R * 3 * R * Hd),
+        ("average", MEAN, None, 2 * R * 3 * Hd),
+        ("none", IDENTITY, None, 0),
     ]:
         r = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=Hd)
         assert r.kind is kind and r.macs_per_token(2) == macs

@@ -4,24 +4,26 @@ cheap ``check`` run before any data is read. ``make_batches`` is the trainer's o
 The corpus sources live in ``corpus.py``, the synthetic tasks in ``tasks.py``; importing
 ``orchestrator.engine.data`` registers both. A new source is one function with
 ``@register_source("name", check=...)`` in a module that the package imports, and its name in
-``orchestrator.engine.trial_config.DATA_SOURCES`` (so configs can be validated without loading data).
+``orchestrator.engine.trial_config.CORPUS_SOURCES``: ``SOURCES`` is that module's registry, whose names
+are declared there (so configs are validated without loading data) and which refuses a function
+under any other name.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from lime_arch.errors import ConfigError
-from orchestrator.engine.trial_config import DataConfig
+from orchestrator.engine.trial_config import SOURCES, DataConfig
 
 IGNORE = -100  # target id of masked positions (synthetic prompts, padding)
-SOURCES: dict[str, Callable[[DataConfig], Any]] = {}
 CHECKS: dict[str, Callable[[DataConfig], None]] = {}
 
 
 def register_source(name: str, check: Callable[[DataConfig], None] | None = None):
-    def deco(fn):
-        SOURCES[name] = fn
+    """Decorator: ``fn(DataConfig) -> data object`` is the source ``name`` (a declared name,
+    ``orchestrator.engine.trial_config.SOURCES``); ``check`` runs before any data is read."""
+    def deco(fn: Callable[[DataConfig], Any]):
+        SOURCES.add(name, fn)
         if check is not None:
             CHECKS[name] = check
         return fn
@@ -31,8 +33,7 @@ def register_source(name: str, check: Callable[[DataConfig], None] | None = None
 
 def check_source(cfg: DataConfig) -> None:
     """Cheap checks before any compute: the source exists, its files exist, its options fit."""
-    if cfg.source not in SOURCES:
-        raise ConfigError(f"data.source: unknown source {cfg.source!r}; allowed: {', '.join(SOURCES)}")
+    SOURCES.lookup(cfg.source)
     check = CHECKS.get(cfg.source)
     if check is not None:
         check(cfg)

@@ -23,10 +23,10 @@ def test_gpu_check_without_cuda_is_one_line_and_exit_2():
 
 
 def test_one_router_of_each_kind_is_checked():
-    from lime_arch import RouterKind, parse_router
+    from lime_arch import ROUTER_KINDS, parse_router
 
     routers = gpu_check.one_router_per_kind()
-    assert sorted(parse_router(r)[0].kind for r in routers) == sorted(RouterKind)
+    assert sorted(parse_router(r)[0].kind.name for r in routers) == sorted(ROUTER_KINDS)
 
 
 @pytest.mark.gpu

@@ -2,9 +2,24 @@ import pytest
 import torch
 
 from lime_arch import ConfigError
-from orchestrator.engine.data import make_batches
+from orchestrator.engine.data import SOURCES, make_batches, register_source
 from orchestrator.engine.data.corpus import ByteTokenizer, train_bpe
-from orchestrator.engine.trial_config import DataConfig
+from orchestrator.engine.trial_config import DATA_SOURCES, DataConfig, TrialConfig
+
+
+def test_one_table_of_source_names():
+    """The config checks names against the declared table; the data package registers a function
+    for each of them and may register no other name."""
+    assert list(SOURCES) == list(DATA_SOURCES) and SOURCES.missing() == []
+    assert DATA_SOURCES[:3] == ("builtin", "text", "hf") and {"arithmetic", "prosqa", "kv-recall"} <= set(DATA_SOURCES)
+    with pytest.raises(ValueError, match="source name 'wiki' is not declared; declared: builtin, text, hf, "):
+        register_source("wiki")(lambda cfg: None)
+    with pytest.raises(ValueError, match="source name 'text' is registered already"):
+        register_source("text")(lambda cfg: None)
+    assert list(SOURCES) == list(DATA_SOURCES)
+    with pytest.raises(ConfigError) as e:
+        TrialConfig.from_dict({"data": {"source": "wiki"}})
+    assert str(e.value) == f"data.source: unknown source 'wiki'; allowed: {', '.join(DATA_SOURCES)}"
 
 
 def test_builtin_split_is_deterministic_and_disjoint():

@@ -16,7 +16,7 @@ from fractions import Fraction
 import pytest
 
 from lime_arch.errors import ConfigError
-from orchestrator.tasks import TASKS, CharVocab, Example, make_task, reduce_expression
+from orchestrator.tasks import TASKS, CharVocab, Example, make_task, reduce_expression, register_task
 
 PAPER_EXAMPLE = "(7+5)/(6+4*3-2*7) = 12/(6+4*3-2*7) = 12/(6+12-2*7) = 12/(18-2*7) = 12/(18-14) = 12/4 = 3"
 SMALL = {  # small but non-trivial settings, to keep the suite fast
@@ -335,8 +335,14 @@ def test_registry_and_make_task() -> None:
     for name, cls in TASKS.items():
         task = make_task(name)
         assert isinstance(task, cls) and task.name == name
-    with pytest.raises(ConfigError, match="arithmetic"):
+    with pytest.raises(ConfigError) as e:
         make_task("sudoku")
+    assert str(e.value) == "unknown task 'sudoku'; allowed: arithmetic, kv-recall, prosqa"
+    with pytest.raises(ValueError, match="task name 'prosqa' is registered already"):
+        register_task("prosqa")(type("Twin", (TASKS["prosqa"],), {}))
+    with pytest.raises(TypeError, match="not a subclass of Task"):
+        register_task("plain")(type("Plain", (), {}))
+    assert set(TASKS) == {"arithmetic", "prosqa", "kv-recall"} and TASKS["prosqa"].name == "prosqa"
 
 
 @pytest.mark.parametrize("name, params, needle", [

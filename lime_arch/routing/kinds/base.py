@@ -1,0 +1,119 @@
+"""The router-kind base class and the kind registry.
+
+A router (``lime_arch.routers``) says which buffered K/V heads layer l reads (``sources(l)``)
+and owns its coefficients; its *kind* says what those coefficients are and how the mixing runs.
+One kind is one ``RouterKind`` subclass in one module of this package, registered once with
+``register_kind`` (a single instance, e.g. ``LINEAR``); routers declare ``kind = LINEAR``. Nothing
+outside the kind's module branches on it: the router, the accounting, the mixers, the KV-cache
+decoding and the compile ops ask the kind object.
+
+What a new kind implements is in ``RouterKind``'s docstring.
+"""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from lime_arch.specs import Registry
+
+Tensor = torch.Tensor
+
+
+class RouterKind:
+    """What a router's ``weight(l)`` is and how its mixing runs. ``router`` arguments are the router
+    object (``lime_arch.routers.Router``): ``n_layers``, ``R`` (KV heads), ``head_dim``,
+    ``sources(l)``, ``weight(l)``, ``weight_shape(l)``, ``init``. Layer 0 reads its own K/V under
+    every kind (the concatenation reference relies on it).
+
+    What a new kind implements (one module, ``register_kind(MyKind())``; the buffered kinds share
+    ``BufferedKind``, whose docstring lists what such a kind adds):
+
+      name, learned      the registry name; whether the router has one weight per layer l >= 1
+      operand_shape      the shape of ``weight(l)`` (None without weights)
+      init_weight        layer l's initial weight (learned kinds)
+      dense              the same mixing as a dense (R, (l+1)R[, Hd]) matrix, zeros outside the
+                         sources: analysis, plots and the concatenation reference
+      macs_per_token     multiply-accumulates per token of routing K and V at layer l (the FLOP
+                         accounting, ``lime_arch.accounting``, sums them)
+      make_mixer         the object whose ``route(l, k, v, q=None)`` maps layer l's raw, pre-RoPE K/V
+                         (B, T, R, Hd) to routed K/V (B, R, T, Hd), once per forward pass and layer in
+                         order 0..L-1; ``q`` is the layer's query (B, T, H, Hd), pre-RoPE, which static
+                         kinds ignore. The same object runs training, prefill and decoding: routing is
+                         per position, so the KV cache (``lime_arch.model.KVCache``) holds routed,
+                         post-RoPE K/V of the baseline's size whatever the kind, as long as a token's
+                         routed K/V depend only on that token's K/V (and query) at layers <= l. A fast
+                         path for a few tokens without autograd (decoding) is the mixer's business
+                         (``BufferedKind.few_token_path``).
+      concat_route       the paper's pseudocode on the concatenated buffer (``routing_impl: concat``):
+                         by default ``dense(l)`` applied to it
+      traffic_slots      slots (one layer's K and V for the batch) a training step moves: the
+                         benchmark's bandwidth floor (``lime_arch.routing.plan.step_traffic``)
+
+    The buffered kinds (linear, same-head, per-dim) run on the shared K/V buffer, its autograd
+    functions and its compile ops; ``BufferedKind`` says what such a kind adds (its buffer layout).
+
+    A token-dependent kind (the planned ``dynamic`` router, weights softmax over sources of
+    q_{t,h} . key_l[h, s, h'] / sqrt(Hd); depth attention, each query scoring the buffered keys of the
+    earlier layers at its position) is one more module here: its mixer reads ``q`` in ``route``, its
+    ``concat_route`` computes the same from the concatenated K/V and ``q`` (its reference), its
+    ``macs_per_token`` counts the scores too, and its ``dense`` is the mixing averaged over tokens
+    or undefined (the end-of-trial analysis, ``orchestrator.engine.hooks`` and
+    ``orchestrator.analysis.analyze``, calls ``dense`` of every router today: that issue decides).
+    Its reference test goes into ``tests/lime_arch/kind_references.py``.
+    """
+
+    name: ClassVar[str]
+    learned: ClassVar[bool] = False  # one weight per layer l >= 1 (``Router.weights``)
+
+    def __repr__(self) -> str:
+        return f"RouterKind({self.name!r})"
+
+    # -- the router's side -----------------------------------------------------------------------
+    def operand_shape(self, router, l: int) -> tuple[int, ...] | None:
+        """The shape of ``weight(l)`` (None: the kind multiplies no weight)."""
+        return None
+
+    def init_weight(self, router, l: int) -> Tensor:
+        raise TypeError(f"router kind {self.name} has no weights")
+
+    def dense(self, router, l: int) -> Tensor:
+        raise NotImplementedError
+
+    def macs_per_token(self, router, l: int) -> int:
+        raise NotImplementedError
+
+    # -- execution --------------------------------------------------------------------------------
+    def make_mixer(self, router, *, block: int | None = None, use_ops: bool | None = None):
+        """A fresh mixer for one forward pass (``block``, ``use_ops``: the buffer mixer's)."""
+        raise NotImplementedError
+
+    def concat_route(self, router, l: int, k: Tensor, v: Tensor, k_all: Tensor, v_all: Tensor,
+                     q: Tensor | None) -> tuple[Tensor, Tensor]:
+        """Layer l >= 1 of the concatenation reference: k, v (B, T, R, Hd) are layer l's raw K/V,
+        k_all, v_all (B, T, (l+1)R, Hd) every layer's so far; routed (B, R, T, Hd)."""
+        d = router.dense(l).to(device=k.device, dtype=k.dtype)
+        eq = "hc,btcd->bhtd" if d.dim() == 2 else "hcd,btcd->bhtd"
+        return torch.einsum(eq, d, k_all), torch.einsum(eq, d, v_all)
+
+    def traffic_slots(self, router, block: int | None) -> int:
+        raise NotImplementedError
+
+
+def average_dense(R: int, l: int, sources: list[int]) -> Tensor:
+    """The dense (R, (l+1)R) matrix of the uniform average of ``sources`` (``[l]``: the layer's
+    own K/V)."""
+    out = torch.zeros(R, (l + 1) * R)
+    for s in sources:
+        out[:, s * R:(s + 1) * R] = torch.eye(R) / len(sources)
+    return out
+
+
+ROUTER_KINDS: Registry[RouterKind] = Registry("router kind", word="registered")
+
+
+def register_kind(kind: RouterKind) -> RouterKind:
+    """Add the one instance of a ``RouterKind`` subclass to ``ROUTER_KINDS`` under its ``name``."""
+    if not isinstance(kind, RouterKind):
+        raise TypeError(f"register_kind: {kind!r} is not a RouterKind instance")
+    return ROUTER_KINDS.add(kind.name, kind)

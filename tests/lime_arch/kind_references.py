@@ -1,0 +1,92 @@
+"""One float64 reference per router kind, written here from the paper's Eq. 4 (arXiv 2502.09245)
+and sharing no code with lime_arch: plain loops over source slots and heads.
+
+Each reference maps (w, sources, kbuf, vbuf, l, q) to layer l's routed (k, v), (B, R, T, Hd):
+  w        the router's ``weight(l)`` in the kind's layout (None for the parameter-free kinds),
+           columns in the order of ``sources``;
+  sources  the slots layer l reads (sorted, from the test's own table, not from the router);
+  kbuf, vbuf  the raw (pre-RoPE) K and V of layers 0..l, each (B, R, T, Hd);
+  q        layer l's query (B, H, T, Hd), pre-RoPE: read by token-dependent kinds only.
+``params`` and ``macs`` are the kind's counts for one layer l >= 1 reading n sources with R KV
+heads of Hd dims: its parameters, and its multiply-accumulates per token for K and V.
+
+Every registered kind needs an entry in REFERENCES (``test_kinds.py`` fails without one): a new
+kind is its module in lime_arch/routing/kinds/ plus its reference here."""
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+def identity(w, sources, kbuf, vbuf, l, q):
+    return kbuf[l], vbuf[l]
+
+
+def mean(w, sources, kbuf, vbuf, l, q):
+    """routed[h] = (1 / |S|) sum_s KV_s[h]."""
+    k = sum(kbuf[s] for s in sources) / len(sources)
+    v = sum(vbuf[s] for s in sources) / len(sources)
+    return k, v
+
+
+def linear(w, sources, kbuf, vbuf, l, q):
+    """routed[h] = sum_{i, h'} W[h, i*R + h'] KV_{S_i}[h']: w is (R, |S|*R)."""
+    if w is None:
+        return kbuf[l], vbuf[l]
+    R = kbuf[0].shape[1]
+
+    def mix(buf):
+        heads = []
+        for h in range(R):
+            heads.append(sum(w[h, i * R + g] * buf[s][:, g] for i, s in enumerate(sources) for g in range(R)))
+        return _stack(heads)
+
+    return mix(kbuf), mix(vbuf)
+
+
+def same_head(w, sources, kbuf, vbuf, l, q):
+    """routed[h] = sum_i W[h, i] KV_{S_i}[h]: w is (R, |S|), no mixing across heads."""
+    if w is None:
+        return kbuf[l], vbuf[l]
+    R = kbuf[0].shape[1]
+
+    def mix(buf):
+        return _stack([sum(w[h, i] * buf[s][:, h] for i, s in enumerate(sources)) for h in range(R)])
+
+    return mix(kbuf), mix(vbuf)
+
+
+def per_dim(w, sources, kbuf, vbuf, l, q):
+    """routed[h][d] = sum_{i, h'} W[h, i*R + h', d] KV_{S_i}[h'][d]: w is (R, |S|*R, Hd)."""
+    if w is None:
+        return kbuf[l], vbuf[l]
+    R = kbuf[0].shape[1]
+
+    def mix(buf):
+        heads = []
+        for h in range(R):
+            heads.append(sum(w[h, i * R + g] * buf[s][:, g] for i, s in enumerate(sources) for g in range(R)))
+        return _stack(heads)  # w[h, c] is an Hd-vector: it scales the last dimension of (B, T, Hd)
+
+    return mix(kbuf), mix(vbuf)
+
+
+def _stack(heads):
+    """R tensors (B, T, Hd) -> (B, R, T, Hd)."""
+    return torch.stack(heads, dim=1)
+
+
+@dataclass(frozen=True)
+class KindRef:
+    route: Callable  # (w, sources, kbuf, vbuf, l, q) -> (k, v)
+    params: Callable[[int, int, int], int]  # (n, R, Hd) -> parameters of one layer
+    macs: Callable[[int, int, int], int]  # (n, R, Hd) -> MACs per token of one layer, K and V
+
+
+REFERENCES = {
+    "identity": KindRef(identity, lambda n, R, Hd: 0, lambda n, R, Hd: 0),
+    "mean": KindRef(mean, lambda n, R, Hd: 0, lambda n, R, Hd: 2 * n * R * Hd),  # one add per source
+    "linear": KindRef(linear, lambda n, R, Hd: R * n * R, lambda n, R, Hd: 2 * R * n * R * Hd),
+    "same-head": KindRef(same_head, lambda n, R, Hd: R * n, lambda n, R, Hd: 2 * R * n * Hd),
+    "per-dim": KindRef(per_dim, lambda n, R, Hd: R * n * R * Hd, lambda n, R, Hd: 2 * R * n * R * Hd),
+}
