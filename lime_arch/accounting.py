@@ -38,6 +38,7 @@ import torch
 from lime_arch.config import ModelConfig
 from lime_arch.depth_mix import DepthMix, build_depth_mix
 from lime_arch.routers import Router, build_router
+from lime_arch.size import dense_param_counts
 
 
 def _router(cfg: ModelConfig) -> Router:
@@ -53,14 +54,10 @@ def _depth_mix(cfg: ModelConfig) -> DepthMix:
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    d, R, Hd = cfg.d_model, cfg.kv_heads, cfg.head_dim
-    attn = d * cfg.n_heads * Hd * 2 + d * R * Hd * 2  # q, o and k, v
-    mlp = 3 * d * cfg.ffn_dim
-    per_layer = attn + mlp + 2 * d  # two RMSNorm weights
-    embed = cfg.vocab_size * d * (1 if cfg.tie_embeddings else 2)
+    dense = dense_param_counts(cfg)  # torch-free (lime_arch.size): the body and the embeddings
+    body, embed = dense["body"], dense["embedding"]
     router = _router(cfg).n_params()
     mix = _depth_mix(cfg).n_params()
-    body = cfg.n_layers * per_layer + d  # final norm
     return {"total": body + embed + router + mix, "non_embedding": body + router + mix, "router": router,
             "depth_mix": mix, "embedding": embed}
 

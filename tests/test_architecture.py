@@ -28,7 +28,7 @@ ALLOWED = {
 }
 TORCH_FREE = ("orchestrator.core", "orchestrator.report", "orchestrator.analysis.metrics",
               "orchestrator.analysis.plots", "orchestrator.tasks", "lime_arch.errors", "lime_arch.specs",
-              "orchestrator.cli.bench",
+              "lime_arch.size", "orchestrator.cli.bench",
               "orchestrator.bench.shapes", "orchestrator.bench.targets",
               "orchestrator.bench.outputs")
 MAX_LINES = 400

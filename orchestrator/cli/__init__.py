@@ -14,6 +14,7 @@ import sys
 
 from lime_arch import ConfigError
 from orchestrator.cli import bench
+from orchestrator.core import exposure
 
 
 def _lazy(target: str):
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    exposure.quiet_telemetry()  # Ray's usage stats and MLflow's telemetry off (LIME_TELEMETRY=1: on)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("alembic", "mlflow", "urllib3", "filelock", "matplotlib"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

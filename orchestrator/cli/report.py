@@ -7,27 +7,54 @@ is still shown, and the report falls back to the parent run's settings, with a n
 ``--metric/--axis/--baseline`` override either. The file's optional report keys (``alpha``,
 ``mode``, ``paper``, ``tune``) are used when the sweep layer knows them. Reports go to
 ``--out``/<sweep>/, by default ``$LIME_RESULTS`` or ``results``.
+
+Before anything is read or written: a sweep name is checked like a sweep file's ``name`` (it
+becomes a path), a sqlite store that does not exist is an error (never created), and a sweep
+whose artifacts an MLflow server serves (``mlflow-artifacts:``) needs that server as the tracking
+URI, not its database file (the report could not be logged to the parent run).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from lime_arch.errors import ConfigError
+from orchestrator.core import tracking
 from orchestrator.core.record import ReportSettings
 from orchestrator.report.build import build_report
 from orchestrator.report.settings import SweepFile
 from orchestrator.sweep.mlflow_runs import sweep_record
+from orchestrator.sweep.schema import check_name
 from orchestrator.sweep.spec import load_spec
+from orchestrator.sweep.view import experiment_dir, require_store
+
+SERVED = "mlflow-artifacts:"  # an experiment whose artifacts only its MLflow server can reach
 
 
 def cmd_report(args) -> int:
     name, settings, sweep_file = args.sweep, None, None
     if _is_file(args.sweep):
         name, settings, sweep_file = settings_from_file(Path(args.sweep))
+    else:
+        check_name(name, "report")
+    check_store(name)
     path = build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,
                         settings=settings, sweep_file=sweep_file)
     print(path)
     return 0
+
+
+def check_store(name: str) -> None:
+    """The tracking URI can serve this report: the store exists, and reaches the artifacts."""
+    uri = tracking.tracking_uri()
+    require_store(uri, name, experiment_dir(name))
+    if uri.startswith(("http://", "https://")):
+        return
+    exp = tracking.client(uri).get_experiment_by_name(name)
+    where = getattr(exp, "artifact_location", "") or ""
+    if where.startswith(SERVED):
+        raise ConfigError(f"report: the artifacts of sweep {name!r} are served by an MLflow server ({where}), "
+                          f"but MLFLOW_TRACKING_URI is its database ({uri}); set MLFLOW_TRACKING_URI to that "
+                          "server (http://<host>:<port>)")
 
 
 def _is_file(arg: str) -> bool:

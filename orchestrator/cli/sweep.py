@@ -6,8 +6,9 @@ import os
 from lime_arch import ConfigError
 from orchestrator.cli.plan import dry_run_block
 from orchestrator.core.tracking import tracking_uri
-from orchestrator.sweep import extend
+from orchestrator.sweep import connect, extend
 from orchestrator.sweep.driver import run_sweep
+from orchestrator.sweep.schema import check_name
 from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.view import dry_run_text, experiment_dir, status_text
 
@@ -16,6 +17,9 @@ def cmd_run(args) -> int:
     add = _add_seeds(getattr(args, "add_seeds", None))
     spec = load_spec(args.file)  # every check; ConfigError -> one line, exit 2, nothing started
     address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        connect.split_address(address)  # ray:// or not HOST:PORT: one line, exit 2
+    connect.connect_timeout(getattr(args, "connect_timeout", None))  # a number of seconds, bounded
     if args.dry_run:
         print(_dry_run(spec, address, add))
         return 0
@@ -60,5 +64,5 @@ def _before_last(text: str, line: str) -> str:
 
 
 def cmd_status(args) -> int:
-    print(status_text(args.name))
+    print(status_text(check_name(args.name, "sweep status")))
     return 0

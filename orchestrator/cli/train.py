@@ -1,22 +1,37 @@
-"""``lime train``: one trial from flags, a trial YAML or a checkpoint to resume."""
+"""``lime train``: one trial from flags, a trial YAML or a checkpoint to resume.
+
+``--resume CHECKPOINT`` continues from the checkpoint with the config it holds, the flags and
+``--set`` applied on top (a ``--config`` file replaces it); a checkpoint that is none, or of
+another model than the flags make, is one line and exit 2 (``orchestrator.engine.checkpoint``).
+The model must be within ``$LIME_MAX_PARAMS`` (``orchestrator.sweep.limits``). Checkpoints go to
+``train.checkpoint_dir``, else to ``<results>/train/<time>-<run name>/`` (``$LIME_RESULTS``, default
+``results``; a resumed run keeps writing into its checkpoint's folder), never a temp folder.
+"""
 from __future__ import annotations
 
+import copy
+import os
 import sys
+import time
 from pathlib import Path
 
 from lime_arch import ConfigError
 from orchestrator.core import dashboard
-from orchestrator.core.fmt import num
+from orchestrator.core.fmt import num, slug
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
+from orchestrator.engine.checkpoint import OR_FRESH, model_differences, read_checkpoint
 from orchestrator.engine.data import make_batches
-from orchestrator.engine.trial import Tracking, load_checkpoint, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
 from orchestrator.engine.trial_config import TrialConfig, parse_set, set_dotted
+from orchestrator.sweep import limits
 from orchestrator.sweep.files import FileError, read_yaml
 
 
-def trial_from_args(args) -> TrialConfig:
-    d: dict = {}
+def trial_from_args(args, base: dict | None = None) -> TrialConfig:
+    """The trial of the flags: ``--config`` (else ``base``, a resumed checkpoint's config), then the
+    flags, then ``--set``."""
+    d: dict = copy.deepcopy(base) if base else {}
     if args.config:
         p = Path(args.config)
         if not p.is_file():
@@ -71,14 +86,35 @@ def run_name(cfg: TrialConfig, mcfg) -> str:
     return name + (f",depth_mix={mcfg.depth_mix}" if mcfg.depth_mix != "none" else "")
 
 
+def checkpoint_dir(cfg: TrialConfig, resume: str | None, name: str) -> str:
+    """``train.checkpoint_dir``, else the resumed checkpoint's folder, else a new folder of the
+    results: ``<results>/train/<YYYYmmdd-HHMMSS>-<run name>``."""
+    if cfg.train.checkpoint_dir:
+        return cfg.train.checkpoint_dir
+    if resume:
+        p = Path(resume)
+        return str(p if p.is_dir() else p.parent)
+    results = Path(os.environ.get("LIME_RESULTS") or "results")
+    return str((results / "train" / f"{time.strftime('%Y%m%d-%H%M%S')}-{slug(name)}").resolve())
+
+
 def cmd_train(args) -> int:
-    cfg = trial_from_args(args)  # every check before any data is read or model built
+    ck = read_checkpoint(args.resume) if args.resume else None  # a checkpoint that is none: one line
+    base = ck.get("config") if ck is not None and not args.config else None
+    cfg = trial_from_args(args, base if isinstance(base, dict) else None)  # every check before any data is read
+    limits.check_model(cfg.model_config(), "model")  # before anything is allocated
     mcfg = cfg.model_config(vocab_size=make_batches(cfg.data).vocab_size)  # tokenizer/vocab mismatch, empty corpus
     start = 0
-    if args.resume:
-        start = int(load_checkpoint(args.resume)["step"])
+    if ck is not None:
+        diff = model_differences(ck, mcfg.to_dict())
+        if diff:
+            raise ConfigError(f"--resume {args.resume}: the checkpoint's model differs from this config "
+                              f"({'; '.join(diff)}); drop the flags that change the model, {OR_FRESH}")
+        start = int(ck["step"])
+    name = run_name(cfg, mcfg)
+    cfg.train.checkpoint_dir = checkpoint_dir(cfg, args.resume, name)
     prog = _Progress(cfg.train.steps, start)
-    tracking = Tracking(experiment=args.experiment, run_name=run_name(cfg, mcfg), enabled=not args.no_track)
+    tracking = Tracking(experiment=args.experiment, run_name=name, enabled=not args.no_track)
     try:
         res = run_trial(cfg, tracking=tracking, resume=args.resume, on_log=prog)
     finally:

@@ -121,3 +121,11 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """The lines of a markdown table."""
     return (["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
             + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def human(n: float, unit: str = "") -> str:
+    """A count with an SI suffix and three significant digits: ``human(8.1e12)`` -> ``8.1T``."""
+    for div, suf in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{suf}{unit}"
+    return f"{n:.3g}{unit}"

@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core import exposure
 from orchestrator.core.dashboard import EXPERIMENT_TAGS
 from orchestrator.core.record import PARENT_RUN, end_run
 from orchestrator.core.status import TrialStatus
@@ -30,6 +31,7 @@ for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
 # ends: once per trial in a sweep, and to the experiment's GenAI overview. The CLI prints its own
 # links to the runs view (orchestrator.core.dashboard).
 os.environ.setdefault("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", "true")
+exposure.quiet_telemetry()  # before MLflow reads its configuration: no client telemetry
 
 DEFAULT_URI = "sqlite:///mlflow.db"
 

@@ -2,8 +2,14 @@
 
 A checkpoint holds the model, optimizer and scheduler states, every RNG state, the step (the
 data position: a batch is a pure function of (seed, step)), the MLflow run id, the logged
-metric history and the trial config. Only tensors and plain Python values are stored, so it
-loads with ``torch.load(weights_only=True)``.
+metric history, the trial config and its format version. Only tensors and plain Python values
+are stored, so it loads with ``torch.load(weights_only=True)``.
+
+``read_checkpoint`` is how a user-given checkpoint is opened (``lime train --resume``): a missing
+path, a folder without ``checkpoint.pt``, a file that is no ``torch.save`` archive (random bytes,
+cut short by a kill), a torch file of other content or of a newer format is one ``ConfigError``
+line saying what is wrong and how to start fresh. ``model_differences`` says which model fields of
+a config differ from the checkpoint's, before a model is built.
 """
 from __future__ import annotations
 
@@ -15,7 +21,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lime_arch.errors import ConfigError
+
 CKPT_NAME = "checkpoint.pt"
+FORMAT_KEY, FORMAT_VERSION = "format_version", 1  # written since 1; older checkpoints have no key (0)
+REQUIRED = ("model", "optimizer", "scheduler", "rng", "step")
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive
+FRESH = "to start fresh, run without --resume"
+OR_FRESH = "or start fresh (run without --resume)"
+# fields that do not change the weights or what they compute: a resume may change them
+FREE_FIELDS = ("attn_impl", "routing_impl", "init_std", "router_init")
 
 
 def rng_state() -> dict:
@@ -36,7 +51,7 @@ def save_checkpoint(path: Path, state: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".ckpt-", suffix=".tmp")
     os.close(fd)
-    torch.save(state, tmp)
+    torch.save({FORMAT_KEY: FORMAT_VERSION, **state}, tmp)
     os.replace(tmp, path)
     return path
 
@@ -47,3 +62,53 @@ def load_checkpoint(path: str | Path) -> dict:
     if p.is_dir():
         p = p / CKPT_NAME
     return torch.load(p, map_location="cpu", weights_only=True)
+
+
+def read_checkpoint(path: str | Path, flag: str = "--resume") -> dict:
+    """A user-given checkpoint (file or folder), validated: one ConfigError line naming the path
+    and what is wrong otherwise."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"{flag} {path}: no such file or folder; {FRESH}")
+    if p.is_dir():
+        if not (p / CKPT_NAME).is_file():
+            raise ConfigError(f"{flag} {path}: a folder without {CKPT_NAME} (a trial's checkpoint folder holds one); "
+                              f"{FRESH}")
+        p = p / CKPT_NAME
+    if p.stat().st_size == 0:
+        raise ConfigError(f"{flag} {p}: an empty file, not a checkpoint; {FRESH}")
+    with open(p, "rb") as f:
+        zipped = f.read(4) == ZIP_MAGIC
+    try:
+        ck = torch.load(p, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - every way a file can fail to load is the same mistake here
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0][:120]
+        if zipped and "Weights only load failed" in first:
+            why = "a torch file holding Python objects other than tensors and plain values (not a lime checkpoint)"
+        elif zipped:
+            why = f"a torch archive that is truncated or corrupt ({first})"
+        else:
+            why = "not a file torch.save wrote"
+        raise ConfigError(f"{flag} {p}: cannot be read as a checkpoint: {why}; {FRESH}") from None
+    missing = [k for k in REQUIRED if not isinstance(ck, dict) or k not in ck]
+    if missing:
+        held = (f"a dict of {', '.join(map(str, list(ck)[:6]))}" if isinstance(ck, dict) and ck
+                else type(ck).__name__)
+        raise ConfigError(f"{flag} {p}: a torch file of other content ({held}), not a lime checkpoint (which holds "
+                          f"{', '.join(REQUIRED)}); {FRESH}")
+    version = ck.get(FORMAT_KEY, 0)
+    if not isinstance(version, int) or version > FORMAT_VERSION:
+        raise ConfigError(f"{flag} {p}: checkpoint format {version!r} is newer than this code reads "
+                          f"({FORMAT_VERSION}); resume it with the version that wrote it, {OR_FRESH}")
+    return ck
+
+
+def model_differences(ck: dict, mcfg_dict: dict) -> list[str]:
+    """``model.<field>: <checkpoint's> in the checkpoint, <this> here`` for every field of the
+    resolved model (``ModelConfig.to_dict()``) that differs from the checkpoint's; [] when the
+    checkpoint does not say (an older format)."""
+    theirs = ck.get("model_config")
+    if not isinstance(theirs, dict):
+        return []
+    return [f"model.{k}: {theirs[k]!r} in the checkpoint, {v!r} here" for k, v in mcfg_dict.items()
+            if k in theirs and k not in FREE_FIELDS and theirs[k] != v]

@@ -25,9 +25,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from lime_arch import build_model
+from lime_arch import ConfigError, build_model
 from orchestrator.core.status import TrialStatus
-from orchestrator.engine.checkpoint import CKPT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
+from orchestrator.engine.checkpoint import (
+    CKPT_NAME,
+    OR_FRESH,
+    model_differences,
+    read_checkpoint,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from orchestrator.engine.data import IGNORE, make_batches
 from orchestrator.engine.schedule import make_optimizer, peak_mem_mb, pick_device, seed_everything
 from orchestrator.engine.trial_config import TrialConfig
@@ -165,11 +173,21 @@ class Trainer:
         self.tokens_per_step = tr.batch_size * tr.seq_len * tr.grad_accum
 
     def resume(self, path: str | Path) -> None:
-        """Model, optimizer, scheduler, RNGs, step, run id and history from a checkpoint."""
-        ck = load_checkpoint(path)
-        self.model.load_state_dict(ck["model"])
-        self.optimizer.load_state_dict(ck["optimizer"])
-        self.scheduler.load_state_dict(ck["scheduler"])
+        """Model, optimizer, scheduler, RNGs, step, run id and history from a checkpoint (one
+        ConfigError line if it is none, or of another model: ``checkpoint.read_checkpoint``)."""
+        ck = read_checkpoint(path)
+        diff = model_differences(ck, self.mcfg.to_dict())
+        if diff:
+            raise ConfigError(f"--resume {path}: the checkpoint's model differs from this config ({'; '.join(diff)}); "
+                              f"resume with the checkpoint's settings, {OR_FRESH}")
+        try:
+            self.model.load_state_dict(ck["model"])
+            self.optimizer.load_state_dict(ck["optimizer"])
+            self.scheduler.load_state_dict(ck["scheduler"])
+        except (RuntimeError, ValueError, KeyError) as e:  # an older checkpoint (no model_config) of another model
+            first = (str(e).strip().splitlines() or [type(e).__name__])[-1].strip()[:200]
+            raise ConfigError(f"--resume {path}: the checkpoint does not fit this config's model or optimizer "
+                              f"({first}); resume with the checkpoint's settings, {OR_FRESH}") from None
         set_rng_state(ck["rng"])
         self.step, self.run_id = int(ck["step"]), self.run_id or ck.get("run_id")
         self.history, self.resumed = list(ck.get("history", [])), True
@@ -180,7 +198,7 @@ class Trainer:
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "rng": rng_state(), "step": self.step,
             "run_id": self.run_id, "history": self.history, "config": self.cfg.to_dict(),
-            "vocab_size": self.mcfg.vocab_size})
+            "vocab_size": self.mcfg.vocab_size, "model_config": self.mcfg.to_dict()})
         return str(self.ckpt_dir)
 
     # -- the run ---------------------------------------------------------------------------------

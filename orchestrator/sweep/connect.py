@@ -16,6 +16,14 @@ What Ray does on its own, and why this module exists:
 - **Ray Client (``ray://``)** is refused with one line: Tune would run the sweep's driver loop on
   the head node (the console, the live view and the results folder would be there), so the
   driver runs on a node of the cluster and connects to the GCS address instead.
+- **Exposure.** A local Ray listens on every interface (its GCS, raylet and worker ports accept
+  connections from the network); a local sweep's Ray binds to 127.0.0.1 instead (``loopback``).
+  Ray writes ``~/.ray/auth_token`` readable by everyone (0644): the driver creates it 0600 when
+  it is missing and narrows it to 0600 when it is this user's. Ray's usage statistics are off
+  (``orchestrator.core.exposure``).
+- **What a trial needs.** A trial asking for more CPUs or GPUs than any node of the cluster has
+  would wait forever (Ray prints nothing): ``check_fits`` refuses it with one line after the
+  connection and before anything is recorded.
 """
 from __future__ import annotations
 
@@ -30,14 +38,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lime_arch.errors import ConfigError
+from orchestrator.core import exposure
 from orchestrator.sweep.mlflow_runs import WORKER_ENV
 
 TIMEOUT_ENV = "LIME_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT = 30.0
+MAX_TIMEOUT = 3600.0  # an hour: Ray's own retries give up after ~14 minutes anyway
 DRIVER_LOG = "driver.log"  # Ray's own output of the driver process, in results/ray/<sweep>/
 AUTH_REFUSED = ("InvalidAuthToken", "Unauthenticated", "AuthenticationError")
 PRINT_PATCH = "RAY_TRAIN_ENABLE_PRINT_PATCH"
 CONNECT_THREAD = "lime-ray-connect"
+# Ray picks a loopback node address (so every server of the node listens on 127.0.0.1 only) when
+# it believes multi-node clusters are off; on Linux they are on unless this variable says 0
+RAY_CLUSTERS_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
 
 
 class ConnectError(ConfigError):
@@ -52,9 +65,9 @@ def connect_timeout(value: float | str | None = None) -> float:
     try:
         t = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"{src}: must be a number of seconds > 0, got {value!r}") from None
-    if not t > 0:
-        raise ConfigError(f"{src}: must be a number of seconds > 0, got {value!r}")
+        t = float("nan")
+    if not 0 < t <= MAX_TIMEOUT:  # also nan and inf
+        raise ConfigError(f"{src}: must be a number of seconds > 0 and at most {MAX_TIMEOUT:g}, got {value!r}")
     return t
 
 
@@ -137,7 +150,10 @@ def start_ray(address: str | None, *, uri: str, num_cpus: int | None, timeout: f
     """Connect to ``address`` or start a local Ray; True when this call started or connected it
     (so the caller shuts it down). Call inside ``output_to(log)``."""
     hostport = split_address(address) if address else None
-    token = use_token_if_available() if address else None  # before Ray reads its configuration
+    exposure.quiet_telemetry()  # before Ray reads its configuration
+    token = use_token_if_available() if address else None
+    if address:
+        exposure.private_token_file(create=False)  # a copied token: this user's only
     import ray
 
     if ray.is_initialized():
@@ -147,16 +163,60 @@ def start_ray(address: str | None, *, uri: str, num_cpus: int | None, timeout: f
     os.environ.setdefault(PRINT_PATCH, "0")  # Ray Train would print a worker's lines twice (print and log)
     _messages_to_log()
     if not address:
-        ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)  # never a stray `ray start`
+        exposure.private_token_file()  # Ray would write ~/.ray/auth_token world-readable
+        with loopback():
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count() or 1, **common)  # never a stray `ray start`
+        exposure.private_token_file()
         return True
     if hostport:
         probe(*hostport, timeout)
-    env = {"MLFLOW_TRACKING_URI": uri, "RAY_AIR_NEW_OUTPUT": "0", PRINT_PATCH: os.environ[PRINT_PATCH]}
+    env = {"MLFLOW_TRACKING_URI": uri, "RAY_AIR_NEW_OUTPUT": "0", PRINT_PATCH: os.environ[PRINT_PATCH],
+           **exposure.telemetry_env()}
     env.update({k: os.environ[k] for k in WORKER_ENV if os.environ.get(k)})
     # Ray retries a refused connection once a second; the timeout below bounds the whole attempt
     os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(max(1, int(timeout))))
     _init_within(address, timeout, log, token, dict(runtime_env={"env_vars": env}, **common))
     return True
+
+
+@contextlib.contextmanager
+def loopback() -> Iterator[None]:
+    """A local Ray started inside binds its node to 127.0.0.1: Ray's processes inherit the
+    variable when they start, this process reads Ray's constant at ``ray.init``. Both are put
+    back after, so a later connection to a cluster in this process uses the real address."""
+    from ray._private import ray_constants
+
+    old_env, old_const = os.environ.get(RAY_CLUSTERS_ENV), ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[RAY_CLUSTERS_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = old_const
+        if old_env is None:
+            os.environ.pop(RAY_CLUSTERS_ENV, None)
+        else:
+            os.environ[RAY_CLUSTERS_ENV] = old_env
+
+
+def check_fits(per_trial: dict[str, float], address: str, workers: int = 1) -> None:
+    """Every resource a trial (each of its ``workers``) asks for is on at least one alive node of
+    the cluster Ray is connected to: else one line naming the resource (before anything is
+    recorded; Ray would keep the trial pending forever without a word)."""
+    import ray
+
+    nodes = [n.get("Resources", {}) for n in ray.nodes() if n.get("Alive")]
+    names = {"CPU": ("resources.cpu", "CPUs"), "GPU": ("resources.gpu", "GPUs")}
+    for res, need in per_trial.items():
+        if need <= 0:
+            continue
+        best = max((float(n.get(res, 0.0)) for n in nodes), default=0.0)
+        if need > best:
+            key, what = names.get(res, (f"resources.{res}", res))
+            each = " per worker" if workers > 1 else " per trial"
+            raise ConnectError(f"{key}: {need:g}{each}, but no node of the cluster at {address} has that many "
+                               f"{what} (the most on one node: {best:g}, {len(nodes)} node(s)); lower it or add "
+                               "nodes that have them")
 
 
 def _messages_to_log() -> None:

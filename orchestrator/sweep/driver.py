@@ -87,7 +87,9 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     as they were (``orchestrator.sweep.connect``: one line, exit 2)."""
     uri = tracking_uri()
     exp_dir = experiment_dir(spec.name, results)
-    if not address:
+    if address:
+        connect.split_address(address)  # a ray:// or malformed address: one line, before any other output
+    else:
         _check_local_resources(spec)
     spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds)  # refuses changed trials
     if grown:
@@ -103,6 +105,9 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
         t0 = time.monotonic()
         with connect.output_to(log):
             started = connect.start_ray(address, uri=uri, num_cpus=num_cpus, timeout=timeout, log=log)
+        if address:  # a trial no node can hold would wait forever: refuse it before anything is recorded
+            r = spec.resources
+            connect.check_fits({"CPU": r.cpu, "GPU": r.gpu}, address, r.workers)
         return _run(spec, uri, exp_dir, state, address, log, status_every, time.monotonic() - t0)
     finally:
         if started:

@@ -29,6 +29,10 @@ import yaml
 from lime_arch.errors import ConfigError
 
 EXTENDS_RE = re.compile(r"_?[a-z0-9][a-z0-9-]*\Z")
+# The most values a file may hold once its YAML aliases are expanded: aliases share one object,
+# so a small file of nested aliases (a "billion laughs") stands for a tree far larger than memory,
+# and walking it (merging, validating, hashing) would run until a MemoryError
+MAX_VALUES = 100_000
 NOT_INHERITED = ("name", "description", "extends", "replace")
 
 
@@ -82,11 +86,48 @@ def read_yaml(path: Path, kind: str = "a sweep file") -> tuple[Any, str]:
     except OSError as e:
         raise FileError(f"{path}: cannot read it: {e.strerror or e}") from None
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader), text  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark else ""
         raise FileError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    problem = _expansion_problem(data)
+    if problem:
+        raise FileError(f"{path}: {problem}; {kind} holds at most {MAX_VALUES} values") from None
+    return data, text
+
+
+def _expansion_problem(data: Any) -> str | None:
+    """Why ``data`` is too large once its aliases are expanded (or refers to itself), else None.
+    Counted without expanding: each shared object's size once (memoised by identity)."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()
+
+    def size(v: Any) -> int:
+        if not isinstance(v, (dict, list)):
+            return 1
+        if id(v) in sizes:
+            return sizes[id(v)]
+        if id(v) in open_:
+            raise RecursionError
+        open_.add(id(v))
+        items = [x for kv in v.items() for x in kv] if isinstance(v, dict) else v
+        n = 1
+        for x in items:
+            n += size(x)
+            if n > MAX_VALUES:
+                break
+        open_.discard(id(v))
+        sizes[id(v)] = n
+        return n
+
+    try:
+        n = size(data)
+    except RecursionError:
+        return "a YAML alias refers to a value that contains it (the file would expand forever)"
+    if n > MAX_VALUES:
+        return f"expands to more than {MAX_VALUES} values (YAML aliases repeat their anchor's value)"
+    return None
 
 
 @dataclasses.dataclass

@@ -30,6 +30,7 @@ from orchestrator.core.keys import VARIANT
 from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str
 from orchestrator.engine.data import check_source
 from orchestrator.engine.trial_config import TrainConfig, TrialConfig, set_dotted
+from orchestrator.sweep import limits
 from orchestrator.sweep.checks import (
     SEED,
     SearchParam,
@@ -63,6 +64,17 @@ RESERVED_NAMES = {"ray": "results/ray holds every sweep's Ray experiment",
                   "dashboard": "results/dashboard holds the dashboard check's screenshots",
                   "lime-train": "the MLflow experiment of `lime train`",
                   "lime-bench": "the MLflow experiment of `lime bench`"}
+
+
+def check_name(name: str, where: str) -> str:
+    """A sweep name given on the command line, checked as a sweep file's ``name`` is before it
+    becomes part of a path (``results/<name>/``, ``results/ray/<name>/``)."""
+    if not NAME_RE.match(name):
+        raise ConfigError(f"{where}: {name!r} is not a sweep name (lowercase letters, digits and '-', starting "
+                          "with a letter or digit: [a-z0-9][a-z0-9-]*) nor a sweep file")
+    if name in RESERVED_NAMES:
+        raise ConfigError(f"{where}: {name!r} is reserved ({RESERVED_NAMES[name]}), not a sweep")
+    return name
 
 
 def _empty_is_default(v: Any) -> Any:
@@ -161,6 +173,9 @@ class SweepSpec:
                    ) = field(default_factory=ReportSpec)
     analysis: _block(AnalysisSpec, "a mapping like {enabled: false}") = field(default_factory=AnalysisSpec)
     path: str | None = field(default=None, init=False)  # the file it came from
+    # the folder relative data paths are resolved against: the sweep file's, fixed at load time
+    # (Ray runs the trials in other folders: resolving there again would find nothing)
+    root: str | None = field(default=None, init=False)
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
     resolved: dict[str, Any] = field(default_factory=dict, init=False)  # the file with its extends applied
     trial_cache: tuple[str, list] | None = field(default=None, init=False, repr=False, compare=False)  # trials()
@@ -236,12 +251,13 @@ class SweepSpec:
             train["threads"] = max(1, int(self.resources.cpu))
         if self.analysis.enabled:
             train.setdefault("analyze", True)  # end-of-trial representation analysis
-        _absolute_paths(d)
+        _absolute_paths(d, self.root or os.getcwd())
         cfg = TrialConfig.from_dict(d)
         w = self.resources.workers
         if cfg.train.batch_size % w:
             raise ConfigError(f"resources.workers: {w} workers split each global batch by rows, but "
                               f"train.batch_size is {cfg.train.batch_size}; use a multiple of {w}")
+        limits.check_model(cfg.model_config(), "model")  # parameters within $LIME_MAX_PARAMS
         check_source(cfg.data)  # files exist, task parameters fit: before Ray starts
         return cfg
 
@@ -337,14 +353,18 @@ def trial_dirname(trial_id: str) -> str:
     return s
 
 
-def _absolute_paths(d: dict) -> None:
-    """Ray runs trials in other folders: make local data paths absolute (relative to the cwd)."""
+def _absolute_paths(d: dict, root: str) -> None:
+    """Local data paths made absolute against ``root`` (the sweep file's folder): the same path in
+    the driver, the dry run and every Ray worker, whatever their working directory."""
     data = d.get("data")
     if not isinstance(data, dict):
         return
     if isinstance(data.get("paths"), list):
-        data["paths"] = [os.path.abspath(os.path.expanduser(p)) if isinstance(p, str) else p
-                         for p in data["paths"]]
+        data["paths"] = [_anchored(p, root) if isinstance(p, str) else p for p in data["paths"]]
     name = data.get("hf_name")
-    if isinstance(name, str) and (name.startswith((".", "/", "~")) or os.path.isdir(name)):
-        data["hf_name"] = os.path.abspath(os.path.expanduser(name))
+    if isinstance(name, str) and (name.startswith((".", "/", "~")) or os.path.isdir(os.path.join(root, name))):
+        data["hf_name"] = _anchored(name, root)
+
+
+def _anchored(path: str, root: str) -> str:
+    return os.path.normpath(os.path.join(root, os.path.expanduser(path)))

@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError, flops_per_token, param_counts
+from orchestrator.core.fmt import human  # noqa: F401 - the dry run's numbers
 from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
 from orchestrator.core.validation import validate
 from orchestrator.engine.trial_config import TrialConfig
+from orchestrator.sweep import limits
 from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
 from orchestrator.sweep.files import FileError, is_base, origin_of, read_yaml, resolve, sweep_files
 from orchestrator.sweep.schema import (  # noqa: F401
@@ -83,6 +85,7 @@ def parse_spec(data: Any, *, stem: str | None = None, path: str | None = None, t
         if stem is not None and spec.name != stem:
             raise ConfigError(f"name: {spec.name!r} must equal the file name {stem!r}")
         spec.path, spec.text, spec.resolved = path, text, copy.deepcopy(res.data)
+        spec.root = str(Path(path).resolve().parent) if path else os.getcwd()  # relative data paths: once, here
         _validate_trials(spec)
     except FileError:
         raise
@@ -102,6 +105,7 @@ def _validate_trials(spec: SweepSpec) -> None:
             raise ConfigError(_attribute(spec, params, str(e), where_first)) from None
 
     check({})  # the base alone (no axis values yet) is where most mistakes are
+    _check_count(spec)  # before a value of any axis is built
     if spec.search is None:
         for name, values in spec.grid.items():
             for i, v in enumerate(values):
@@ -120,6 +124,15 @@ def _validate_trials(spec: SweepSpec) -> None:
             check({name: v, **idx}, f"search.space.{name}.{p.kind}")
     for corner in (0, -1):  # all lows, all highs together
         check({n: _probe_values(p)[corner] for n, p in space.items()})
+
+
+def _check_count(spec: SweepSpec) -> None:
+    if spec.search is None:
+        shape = " x ".join(f"{a} ({len(v)})" for a, v in spec.grid.items()) or "no axis"
+        limits.check_trials(spec.n_trials(), "grid", shape)
+    else:
+        s = spec.search
+        limits.check_trials(spec.n_trials(), "search.num_samples", f"{s.num_samples} samples x {s.repeat} seed(s)")
 
 
 def _probe_values(p: SearchParam) -> list:
@@ -186,10 +199,3 @@ def estimate(cfg: TrialConfig) -> dict[str, Any]:
     return {"tokens": tokens, "flops_per_token": fpt, "train_flops": 3 * fpt * tokens,
             "params": counts["total"], "router_params": counts["router"], "vocab": vocab, "vocab_source": vocab_src,
             "model": mcfg}
-
-
-def human(n: float, unit: str = "") -> str:
-    for div, suf in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= div:
-            return f"{n / div:.3g}{suf}{unit}"
-    return f"{n:.3g}{unit}"

@@ -9,9 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
+from lime_arch.size import TRAIN_STATE_BYTES, train_state_bytes
 from orchestrator.core import record
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
+from orchestrator.sweep import limits
 from orchestrator.sweep.local_state import extension_dirs, read_state
 from orchestrator.sweep.preflight import warnings
 from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
@@ -68,8 +70,10 @@ def dry_run_text(spec: SweepSpec, address: str | None = None) -> str:
           f"{'steps':>6} {'tokens':>8} {'FLOPs/tok':>9} {'train FLOPs':>11}"
     lines += [hdr, "-" * len(hdr)]
     total_tok = total_flops = 0.0
+    largest = 0
     for tid, cfg in rows:
         e = estimate(cfg)
+        largest = max(largest, e["params"])
         m = e["model"]
         mult = spec.n_trials() if spec.search is not None else 1
         total_tok += e["tokens"] * mult
@@ -80,6 +84,9 @@ def dry_run_text(spec: SweepSpec, address: str | None = None) -> str:
     lines.append("")
     lines.append(f"total: {spec.n_trials()} trials, {human(total_tok)} tokens, {human(total_flops)}FLOP "
                  "(training = 3 x forward FLOPs/token x steps x batch x seq x grad_accum)")
+    lines.append(f"memory per trial: up to {human(train_state_bytes(largest))}B of training state ({human(largest)} "
+                 f"parameters x {TRAIN_STATE_BYTES} bytes: fp32 weights, gradients, AdamW moments; activations come on "
+                 f"top); {limits.describe()}")
     rep = spec.report
     tuned = f", each at its best {rep.tune}" if rep.tune else ""
     lines.append(f"report: {rep.metric} ({rep.mode}) by {rep.axis}, baseline {rep.baseline}{tuned}, alpha {rep.alpha:g}"
@@ -107,7 +114,7 @@ def status_text(name: str) -> str:
     """Trials by state from MLflow (runs tagged sweep=<name>) and Ray's saved experiment state.
     Reads only: a missing MLflow store is an error, never created."""
     uri, exp_dir = tracking_uri(), experiment_dir(name)
-    _store_exists(uri, name, exp_dir)
+    require_store(uri, name, exp_dir)
     cl = client(uri)
     exp = cl.get_experiment_by_name(name)
     saved = ray_trials(exp_dir)
@@ -145,7 +152,7 @@ def status_text(name: str) -> str:
     return "\n".join(lines)
 
 
-def _store_exists(uri: str, name: str, exp_dir: Path) -> None:
+def require_store(uri: str, name: str, exp_dir: Path) -> None:
     """A sqlite store that does not exist: one line naming it (and the store the sweep ran with)."""
     if not uri.startswith("sqlite:///"):
         return

@@ -12,7 +12,6 @@ Targets use -100 where the loss is masked (synthetic prompts).
 """
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import random
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 
 from lime_arch import ConfigError
+from orchestrator.engine import datafiles
 from orchestrator.engine.data import hub
 from orchestrator.engine.data.registry import register_source
 from orchestrator.engine.trial_config import CORPUS_TOKENIZERS, DataConfig
@@ -164,7 +164,7 @@ def _check_text(cfg: DataConfig) -> None:
     _check_tokenizer(cfg)
     if not cfg.paths:
         raise ConfigError("data.paths: the text source needs at least one file or glob")
-    _expand(cfg.paths)
+    datafiles.expand(cfg.paths)  # every file matched, non-empty UTF-8 text
 
 
 def _check_tokenizer(cfg: DataConfig) -> None:
@@ -187,20 +187,9 @@ def _builtin(cfg: DataConfig) -> TokenData:
     return _corpus(texts, cfg, "builtin")
 
 
-def _expand(paths: list[str]) -> list[str]:
-    files: list[str] = []
-    for p in paths:
-        hits = sorted(glob.glob(os.path.expanduser(p), recursive=True))
-        hits = [h for h in hits if os.path.isfile(h)]
-        if not hits:
-            raise ConfigError(f"data.paths: no file matches {p!r}")
-        files.extend(hits)
-    return files
-
-
 @register_source("text", check=_check_text)
 def _text(cfg: DataConfig) -> TokenData:
-    files = _expand(cfg.paths)
+    files = datafiles.expand(cfg.paths)
     texts = [Path(f).read_text(encoding="utf-8", errors="replace") for f in files]
     if not any(t.strip() for t in texts):
         raise ConfigError(f"data.paths: the files are empty ({', '.join(files)})")
