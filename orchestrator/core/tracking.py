@@ -5,7 +5,8 @@
   any concurrent writer: two processes migrating a fresh database race.
 - Only ``MlflowClient`` is used, never the fluent ``set_experiment``/``start_run``: in an
   orchestrator process those export ``MLFLOW_EXPERIMENT_ID`` and hijack later runs.
-- A ``RunLogger`` keeps one run for a trial's whole life; metrics are buffered and sent in batches.
+- A ``RunLogger`` keeps one run for a trial's whole life; metrics are sent in batches in the
+  background and kept while the server is away (``orchestrator.core.outbox``).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core import exposure
+from orchestrator.core import exposure, outbox
 from orchestrator.core.dashboard import EXPERIMENT_TAGS
 from orchestrator.core.record import PARENT_RUN, end_run
 from orchestrator.core.status import TrialStatus
@@ -122,63 +123,85 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class RunLogger:
-    """One MLflow run: created, or continued when ``run_id`` is given (retries, resumes)."""
+    """One MLflow run: created, or continued when ``run_id`` is given (retries, resumes).
+
+    Metrics go through an ``Outbox`` (``orchestrator.core.outbox``): sent in the background, in
+    order, kept while the server is away; the calls that must reach the server wait for it (at
+    most ``$LIME_TRACKING_WAIT_S``). No step of a key is stored twice: a continued run skips the
+    steps its server has (a re-attempt recomputes, or replays from its checkpoint, steps an
+    earlier attempt may have sent), and every run skips a step it sent already."""
 
     def __init__(self, experiment: str, *, run_id: str | None = None, run_name: str | None = None,
                  tags: dict[str, Any] | None = None, parent_run_id: str | None = None, uri: str | None = None):
-        self.client = client(uri)
+        outbox.apply_retry_window()
         self.uri = uri or tracking_uri()
+        self.health = outbox.health()
+        self.health.uri = self.uri
+        self.client = client(self.uri)
         self._resumed = run_id is not None
-        self._logged: dict[str, int] = {}  # continued run: the last step already stored, per key
+        self._logged: dict[str, int] = {}  # the last step stored, per key
         if run_id is not None:
             self.run_id = run_id
-            self.client.update_run(run_id, status="RUNNING")
+            self._patient(lambda: self.client.update_run(run_id, status="RUNNING"), "reopening the run")
         else:
             t = {k: str(v) for k, v in (tags or {}).items()}
             if parent_run_id:
                 t[PARENT_RUN] = parent_run_id
-            run = self.client.create_run(experiment_id(experiment, self.client), run_name=run_name, tags=t)
+            run = self._patient(lambda: self.client.create_run(experiment_id(experiment, self.client),
+                                                               run_name=run_name, tags=t), "creating the run")
             self.run_id = run.info.run_id
-        self._pending: list = []
+        self.outbox = outbox.Outbox(self._send, self.health)
+
+    def _patient(self, fn, what: str, wait: float | None = None):
+        return outbox.patient(fn, what, self.health, wait)
 
     def set_tags(self, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
-            self.client.set_tag(self.run_id, k, str(v))
+            self._patient(lambda k=k, v=v: self.client.set_tag(self.run_id, k, str(v)), "setting a tag")
 
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        existing = self.client.get_run(self.run_id).data.params
+        existing = self._patient(lambda: self.client.get_run(self.run_id), "reading the run").data.params
         items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items() if k not in existing]
         for i in range(0, len(items), 100):
-            self.client.log_batch(self.run_id, params=items[i:i + 100])
+            self._patient(lambda i=i: self.client.log_batch(self.run_id, params=items[i:i + 100]), "logging params")
 
     def log_metrics(self, metrics: dict[str, float], step: int, flush: bool = False) -> None:
+        """Queue the metrics of ``step`` (never waits for the server; ``flush`` is kept for callers:
+        the outbox sends continuously)."""
         from mlflow.entities import Metric
 
         ts = int(time.time() * 1000)
-        if self._resumed:  # a re-attempt recomputes steps an earlier attempt may have sent: never twice
-            metrics = {k: v for k, v in metrics.items() if step > self._last_logged_step(k)}
-        self._pending.extend(Metric(k, float(v), ts, step) for k, v in metrics.items())
-        if flush or len(self._pending) >= 200:
-            self.flush()
+        self.outbox.put([Metric(k, float(v), ts, step) for k, v in metrics.items()])
+
+    def _send(self, batch: list) -> None:
+        """The outbox's sender (its thread): the batch less the steps already stored."""
+        fresh, last = [], {}
+        for m in batch:
+            if m.step > last.get(m.key, self._last_logged_step(m.key)):
+                fresh.append(m)
+                last[m.key] = m.step
+        if fresh:
+            self.client.log_batch(self.run_id, metrics=fresh)
+        self._logged.update(last)  # only once stored: a batch that failed is sent again whole
 
     def _last_logged_step(self, key: str) -> int:
         if key not in self._logged:
-            hist = self.client.get_metric_history(self.run_id, key)
+            hist = self.client.get_metric_history(self.run_id, key) if self._resumed else []
             self._logged[key] = max((m.step for m in hist), default=-1)
         return self._logged[key]
 
-    def flush(self) -> None:
-        while self._pending:
-            batch, self._pending = self._pending[:1000], self._pending[1000:]
-            self.client.log_batch(self.run_id, metrics=batch)
+    def flush(self, wait: float | None = None) -> None:
+        """Until every queued metric is stored (``TrackingUnavailable`` after ``wait`` seconds)."""
+        self.outbox.flush(wait)
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self.client.log_artifact(self.run_id, str(path), artifact_path)
+        self._patient(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path), "logging an artifact")
 
-    def end(self, status: TrialStatus | str) -> None:
-        """Close the run: the trial's state as the ``status`` tag, its MLflow status from it."""
+    def end(self, status: TrialStatus | str, wait: float | None = None) -> None:
+        """Close the run: every metric sent, the trial's state as the ``status`` tag, its MLflow
+        status from it (waiting at most ``wait`` seconds for the server)."""
         status = TrialStatus(status)
-        self.flush()
-        end_run(self.client, self.run_id, status)
+        self.outbox.close(wait)
+        self._patient(lambda: end_run(self.client, self.run_id, status), "closing the run", wait)

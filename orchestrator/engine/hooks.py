@@ -31,6 +31,7 @@ from orchestrator.analysis.metrics import router_source_map
 from orchestrator.analysis.plots import plot_router_map
 from orchestrator.core import record
 from orchestrator.core.keys import ALIASES
+from orchestrator.core.outbox import TrackingUnavailable, wait_bound
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger, flatten, git_sha
 from orchestrator.engine.trainer import Hook, Trainer
@@ -75,6 +76,7 @@ def _finite(values) -> list[float]:
 
 
 SCALAR_PREFIXES = ("final/", "analysis/")  # end-of-trial numbers: logged at step 0
+ERROR_WAIT_S = 60.0  # how long a failing trial waits for an absent tracking server
 PATH_PARAMS = ("train.checkpoint_dir",)  # differ per trial and say nothing about it: tags
 
 
@@ -114,7 +116,10 @@ class MLflowHook(Hook):
         self.logger = RunLogger(self.experiment, run_id=t.run_id, run_name=self.run_name, tags=tags,
                                 parent_run_id=self.parent_run_id)
         t.run_id = self.logger.run_id
-        if not t.resumed:  # a continued run has its params and model size already
+        if t.resumed:  # what an earlier attempt logged but its server never stored (an outage, a kill)
+            for h in t.history:
+                self.on_log(t, int(h["step"]), {k: v for k, v in h.items() if k != "step"}, None)
+        else:  # a continued run has its params and model size already
             params, path_tags = trial_params(cfg, mcfg, t.data.describe())
             self.logger.log_params({**self.params, **params})
             self.logger.set_tags(path_tags)
@@ -142,11 +147,17 @@ class MLflowHook(Hook):
     def on_error(self, t: Trainer, exc: BaseException) -> None:
         if self.logger is None:
             return
-        self.logger.flush()
         # SystemExit: Ray stopped the trial (ASHA, an interrupted sweep); Ray may kill the process
         # right after, so the first status written must already be the right one
-        self.logger.end(TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt)
-                        else TrialStatus.STOPPED if isinstance(exc, SystemExit) else TrialStatus.FAILED)
+        status = (TrialStatus.KILLED if isinstance(exc, KeyboardInterrupt)
+                  else TrialStatus.STOPPED if isinstance(exc, SystemExit) else TrialStatus.FAILED)
+        # the trial fails anyway: wait for an absent server briefly (not at all if its absence is
+        # the failure); what is not sent is in the checkpoint's history, sent when the trial resumes
+        wait = 0.0 if isinstance(exc, TrackingUnavailable) else min(ERROR_WAIT_S, wait_bound())
+        try:
+            self.logger.end(status, wait=wait)
+        except TrackingUnavailable as e:
+            print(f"note: the run's end was not recorded: {e}", flush=True)
 
 
 def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:

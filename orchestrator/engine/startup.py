@@ -49,6 +49,7 @@ from typing import Any
 
 import torch
 
+from orchestrator.core import outbox
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.trainer import Hook, Trainer
 from orchestrator.engine.trial_config import DataConfig
@@ -180,6 +181,7 @@ def prepare_process(worker_trial: int) -> None:
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
     reset_peak_memory()
+    outbox.reset_health()  # the tracking server's outages are counted per trial
 
 
 def reset_peak_memory() -> None:

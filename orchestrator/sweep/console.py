@@ -14,8 +14,9 @@ import sys
 import time
 from typing import Any
 
+from orchestrator.core.outbox import BUFFERED, FLUSHED, LAST_OUTAGE_S, OUTAGE_S
 from orchestrator.core.status import TrialStatus
-from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR
+from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR, RESUMED
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.view import fmt_time as _fmt_time
 
@@ -94,6 +95,8 @@ class LiveView:
         self.config_failed: set[str] = set()  # trials that failed on a config mistake (not retried)
         self.eta = Eta()
         self.final_status: dict[str, str] = {}  # trial -> Ray status at the end of the run
+        self.reported: set[str] = set()  # trials whose running attempt has reported
+        self.away: dict[str, float] = {}  # trials whose MLflow server is unreachable -> outage seconds
 
     # -- helpers -----------------------------------------------------------------------------------
     def _say(self, msg: str) -> None:
@@ -144,8 +147,39 @@ class LiveView:
     def on_trial_start(self, iteration, trials, trial, **info):
         n = str(trial)
         self.ended.pop(n, None)
+        self.reported.discard(n)
         self.eta.start(n, self.progress.get(n, 0))
-        self._say(f"start  {n}" + (f" (from step {self.progress[n]})" if self.progress.get(n) else ""))
+        failures = getattr(getattr(trial, "run_metadata", None), "num_failures", 0) or 0
+        self._say(f"start  {n}" + (f" (attempt {failures + 1})" if failures else ""))
+
+    def _attempt_line(self, n: str, trial, result: dict) -> None:
+        """The first report of an attempt says where it continues (the attempt's own word)."""
+        if n in self.reported or RESUMED not in result:
+            return
+        self.reported.add(n)
+        start = int(result.get("start_step", 0) or 0)
+        again = (getattr(getattr(trial, "run_metadata", None), "num_failures", 0) or 0) > 0 or n in self.progress
+        if result.get(RESUMED):
+            self._say(f"resume {n}: continues from its checkpoint at step {start}")
+        elif again:
+            self._say(f"resume {n}: no checkpoint to continue from: starts over at step 0")
+
+    def _tracking_line(self, n: str, result: dict) -> None:
+        """Say when a trial's MLflow server goes away and comes back (the trial keeps training)."""
+        away = result.get(OUTAGE_S)
+        if not isinstance(away, (int, float)):
+            return
+        if away > 0 and n not in self.away:
+            self._say(f"MLflow unreachable from {n} for {away:.0f} s: it keeps training and keeps its metrics "
+                      f"({int(result.get(BUFFERED, 0))} so far) until the server answers")
+        elif away <= 0 and n in self.away:
+            last = result.get(LAST_OUTAGE_S)
+            lasted = f" after {last:.0f} s" if isinstance(last, (int, float)) else ""
+            self._say(f"MLflow answers {n} again{lasted}: {int(result.get(FLUSHED, 0))} kept metrics sent in order")
+        if away > 0:
+            self.away[n] = float(away)
+        else:
+            self.away.pop(n, None)
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         n = str(trial)
@@ -154,6 +188,8 @@ class LiveView:
             self.config_failed.add(n)
             self._say(f"FAILED {n}: {result[CONFIG_ERROR]} (not retried; traceback in {trial.path}/trial.log)")
             return
+        self._attempt_line(n, trial, result)
+        self._tracking_line(n, result)
         step = int(result.get("step", 0) or 0)
         self.progress[n] = step
         clock = result.get("time_total_s")
@@ -183,7 +219,9 @@ class LiveView:
         self._status(trials, force=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        self._say(f"retry  {trial} (failure {trial.run_metadata.num_failures}); continues from its checkpoint")
+        has = getattr(trial, "checkpoint", None) is not None
+        self._say(f"retry  {trial} (failure {trial.run_metadata.num_failures} of {trial.max_failures} allowed): "
+                  + ("it has a checkpoint to continue from" if has else "no checkpoint yet: it starts over at step 0"))
 
     def on_trial_error(self, iteration, trials, trial, **info):
         self.ended[str(trial)] = RAY_ERROR

@@ -16,21 +16,25 @@ import tempfile
 from pathlib import Path
 
 from orchestrator.core import dashboard, record
+from orchestrator.core.exposure import TELEMETRY_ENV
 from orchestrator.core.keys import VARIANT, canonical
+from orchestrator.core.outbox import BUFFER_ENV, RETRY_ENV, WAIT_ENV
 from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import git_sha
 from orchestrator.sweep.files import resolved_yaml
+from orchestrator.sweep.limits import PARAMS_ENV
 from orchestrator.sweep.schema import SweepSpec
 
 FAULT_ENV = "LIME_FAULT_ONCE"  # "<marker file>:<step>[:<trial id substring>]": crash one trial once (tests)
 # passed on to Ray workers started by ``ray.init(address=...)`` (a local Ray inherits the environment)
 WORKER_ENV = (FAULT_ENV, "LIME_CACHE", "LIME_RESULTS", "HF_HOME", "HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE",
-              "HF_ENDPOINT")
+              "HF_ENDPOINT", RETRY_ENV, WAIT_ENV, BUFFER_ENV, PARAMS_ENV, TELEMETRY_ENV)
 RAY_DONE, RAY_ERROR = "TERMINATED", "ERROR"  # Ray's trial states that end a trial
 
 
 CONFIG_ERROR = "config_error"  # the result key that says a trial failed on a mistake of its config
+RESUMED = "resumed"  # in every report of an attempt: 1 if it continued from a checkpoint, 0 if from step 0
 
 
 def report_config_error(tune, trial_id: str, exc: BaseException) -> None:

@@ -25,26 +25,26 @@ import json
 import os
 import shutil
 import socket
-import tempfile
 import time
 import traceback
 from pathlib import Path
 
 from lime_arch import ConfigError
-from orchestrator.core import record
+from orchestrator.core import outbox, record
 from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.startup import StartupClock, StartupHook, prepare_process, shared_data, worker_clock
 from orchestrator.engine.trial import Tracking, run_trial
 from orchestrator.sweep import IMPORT_T0
-from orchestrator.sweep.mlflow_runs import report_config_error, trial_extras
+from orchestrator.sweep.mlflow_runs import RESUMED, report_config_error, trial_extras
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.tune_report import newest_checkpoint, objective, output_to, reporter
 from orchestrator.sweep.workers import fit_workers
 
 IMPORT_S = time.perf_counter() - IMPORT_T0  # what importing the project cost this process
 WALL = record.TRIAL_WALL
+ATTEMPT_DIR = "attempt"  # an attempt's working folder inside the trial's folder (attempt_dir)
 # Ray waits this long for a trial's thread to end before it reuses the process (default 2 s); a
 # trial that Ray stops closes its MLflow run first, which can take longer on a busy machine
 THREAD_TIMEOUT_ENV = "TUNE_FUNCTION_THREAD_TIMEOUT_S"
@@ -90,19 +90,32 @@ def run_attempt(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, tune, c
             raise
 
 
+def attempt_dir(trial_dir: Path) -> Path:
+    """This attempt's working folder (its checkpoints, the copy it resumes from), in the trial's
+    folder of the results: removed when the attempt ends; one a killed attempt left is removed
+    when the next attempt of the trial starts (one attempt of a trial runs at a time)."""
+    work = trial_dir / ATTEMPT_DIR
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    return work
+
+
 def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: Path, tune,
            clock: StartupClock) -> None:
     cfg = spec.config_of(config)
-    work = Path(tempfile.mkdtemp(prefix="lime-trial-"))
+    work = attempt_dir(trial_dir)
     cfg.train.checkpoint_dir = str(work / "ckpt")
     cl, run_id, step = None, None, 0
+    health = outbox.health()
+    health.uri = ctx["uri"]
     try:
         with clock.phase("resume"):
             resume, ck_state, ck_src = newest_checkpoint(tune.get_checkpoint(), trial_dir, work)
-        with clock.phase("mlflow"):
+        with clock.phase("mlflow"):  # an absent server is waited for ($LIME_TRACKING_WAIT_S), never a failure
             cl = client(ctx["uri"])
-            exp_id = experiment_id(spec.name, cl)
-            run = recorded_run(child_runs(cl, exp_id, ctx["parent_run_id"], trial_id), ck_state)
+            exp_id = outbox.patient(lambda: experiment_id(spec.name, cl), "finding the experiment", health)
+            run = recorded_run(outbox.patient(lambda: child_runs(cl, exp_id, ctx["parent_run_id"], trial_id),
+                                              "finding the trial's run", health), ck_state)
         base = {"trial": trial_id, "steps_total": cfg.train.steps}
         if run is not None and _report_finished(cl, run, {**base, "start_step": 0, "step": cfg.train.steps},
                                                 ctx["metric"], tune):
@@ -117,9 +130,10 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
             with clock.phase("mlflow"):
                 for old in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
                     print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
-                    cl.delete_run(old.info.run_id)
-        print(f"{'resuming from step ' + str(start) if resume else 'starting'}; config: "
-              f"{json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
+                    outbox.patient(lambda old=old: cl.delete_run(old.info.run_id), "deleting a run", health)
+        base[RESUMED] = 1 if resume else 0  # the console says which, from the attempt's own word
+        print(f"{f'resuming from the checkpoint at step {start}' if resume else 'starting at step 0 (no checkpoint)'}"
+              f"; config: {json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
         tags = record.trial_tags(spec.name, trial_id, config, **{record.RAY_NODE: _node_id(),
                                                                   record.HOST: socket.gethostname()})
         if spec.resources.workers > 1:
@@ -150,7 +164,7 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
         print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run {res.run_id}",
               flush=True)
         tune.report({**base, "step": res.step, "status": str(res.status), "run_id": res.run_id or "", **latest,
-                     "objective": objective(latest, ctx["metric"])})
+                     **health.report(), "objective": objective(latest, ctx["metric"])})
     finally:
         log_wall(cl, run_id, clock, step)
         shutil.rmtree(work, ignore_errors=True)

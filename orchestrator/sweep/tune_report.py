@@ -14,6 +14,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from orchestrator.core import outbox
 from orchestrator.core.status import TrialStatus
 from orchestrator.engine.trial import CKPT_NAME, load_checkpoint
 from orchestrator.sweep.mlflow_runs import FAULT_ENV
@@ -116,7 +117,7 @@ def reporter(base: dict, latest: dict, metric: str, work: Path, tune):
     """The engine's ``on_log``: every log point to Ray, with a checkpoint when the engine wrote one."""
     def on_log(step: int, metrics: dict, ck_dir: str | None) -> None:
         latest.update(metrics)
-        rep = {**base, "step": step, "status": TrialStatus.RUNNING.value, **latest,
+        rep = {**base, "step": step, "status": TrialStatus.RUNNING.value, **latest, **outbox.health().report(),
                "objective": objective(latest, metric)}
         print(f"step {step}: " + " ".join(f"{k}={v:.4g}" for k, v in metrics.items()
                                           if isinstance(v, (int, float))), flush=True)

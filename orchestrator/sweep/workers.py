@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 import types
 from pathlib import Path
@@ -118,7 +117,9 @@ def worker_main(payload: dict) -> None:
     trial_dir = Path(payload["trial_dir"])
     with output_to(trial_dir / f"worker-{rank}.log"):
         print(f"rank {rank} of {world} on Ray node {ray.get_runtime_context().get_node_id()}", flush=True)
-        work = Path(tempfile.mkdtemp(prefix=f"lime-worker{rank}-"))
+        work = trial_dir / f"attempt-worker{rank}"  # in the results, not the temp dir; a killed one's is replaced
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
         try:
             _train(payload, rank, world, work, ray.train, clock)
         finally:

@@ -1,0 +1,283 @@
+"""Tracking through an outage of the MLflow server (torch-free).
+
+Without this, a trial logs to MLflow in its training loop: when the server is away, MLflow's
+client retries one call for about four minutes, then raises, and the trial fails (a retry of its
+budget spent, often restarted from step 0), with nothing on the console. Here:
+
+- **Metrics never wait for the server.** A ``RunLogger`` hands every metric to an ``Outbox``: a
+  background thread sends them in batches, in the order they were logged. While the server is
+  away it keeps them (at most ``$LIME_TRACKING_BUFFER`` values, default 200,000, ~40 MB; when
+  full, training waits, with a line, rather than dropping any) and retries every few seconds;
+  when the server answers again it sends the kept ones first, oldest first. Each batch keeps the
+  timestamps it was logged with, so a batch sent twice (an answer lost in the outage) stores
+  nothing twice.
+- **Calls that must reach the server** (creating the run, params, tags, artifacts, the final
+  status) retry for up to ``$LIME_TRACKING_WAIT_S`` seconds (default 1800), and so does the
+  final flush at a trial's end. A trial whose server stays away longer fails with one line
+  (``TrackingUnavailable``) after its last checkpoint is written: its metrics are in the
+  checkpoint's history, and the next attempt sends what the server lacks
+  (``orchestrator.engine.hooks.MLflowHook``).
+- **One call's retry window** is ``$LIME_TRACKING_RETRY_S`` seconds (default 30): MLflow's own HTTP
+  retries are set from it (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and ``..._BACKOFF_FACTOR``, unless
+  set), so an outage is noticed within it.
+- **Outages are said.** ``Health`` holds the process's view of its server: when an outage began,
+  how many metrics wait, how many were sent after one; it prints a line when an outage begins and
+  when it ends (with its duration), and a sweep's trial reports it to the driver, whose console
+  says it too (``orchestrator.sweep.console``).
+
+Only connection failures, timeouts and 5xx answers are outages (``is_outage``); any other error
+(a rejected value) is raised as before.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from lime_arch.errors import ConfigError
+
+RETRY_ENV, DEFAULT_RETRY_S = "LIME_TRACKING_RETRY_S", 30.0
+WAIT_ENV, DEFAULT_WAIT_S = "LIME_TRACKING_WAIT_S", 1800.0
+BUFFER_ENV, DEFAULT_BUFFER = "LIME_TRACKING_BUFFER", 200_000
+BATCH = 1000  # metrics per request (MLflow's log_batch takes at most 1000)
+# what a sweep trial reports to the driver about its server, with every result
+OUTAGE_S, BUFFERED, FLUSHED, OUTAGES, LAST_OUTAGE_S = (
+    "mlflow_outage_s", "mlflow_buffered", "mlflow_flushed", "mlflow_outages", "mlflow_last_outage_s")
+OUTAGE_WORDS = ("Max retries exceeded", "failed with exception", "Connection refused", "Connection aborted",
+                "Connection reset", "Read timed out", "RemoteDisconnected", "Temporary failure in name resolution")
+SERVER_ERROR = re.compile(r"error code 5\d\d|\b50[0234]\b.*(Server Error|Gateway|Unavailable)")
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking server stayed away longer than ``$LIME_TRACKING_WAIT_S`` where a trial had to wait."""
+
+
+def _seconds(env: str, default: float) -> float:
+    raw = os.environ.get(env)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and v > 0):
+        raise ConfigError(f"${env}: must be a number of seconds > 0, got {raw!r}")
+    return v
+
+
+def retry_window() -> float:
+    return _seconds(RETRY_ENV, DEFAULT_RETRY_S)
+
+
+def wait_bound() -> float:
+    return _seconds(WAIT_ENV, DEFAULT_WAIT_S)
+
+
+def buffer_limit() -> int:
+    return max(BATCH, int(_seconds(BUFFER_ENV, DEFAULT_BUFFER)))
+
+
+def apply_retry_window() -> None:
+    """MLflow's HTTP retries from ``$LIME_TRACKING_RETRY_S``: urllib3 sleeps factor * 2^(k-1) before
+    the k-th retry (k >= 2), so r retries at factor 1 take 2^r - 2 seconds; the most that fit."""
+    window = retry_window()
+    retries = max(1, int(math.log2(window + 2)))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(retries))
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+
+
+def is_outage(exc: BaseException) -> bool:
+    """A failure of the connection or of the server (worth waiting for), not of the request."""
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return True
+    names = {c.__name__ for c in type(exc).__mro__}
+    if names & {"ConnectionError", "Timeout", "ConnectTimeout", "ReadTimeout", "MaxRetryError", "ProtocolError"}:
+        return True
+    text = str(exc)
+    return any(w in text for w in OUTAGE_WORDS) or bool(SERVER_ERROR.search(text))
+
+
+def _short(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    m = re.search(r"\(Caused by (\w+)", text)
+    return f"{type(exc).__name__}: {m.group(1) if m else text[:80]}"
+
+
+class Health:
+    """What this process knows about its tracking server; lines go to ``say`` (stdout: the console
+    of ``lime train``, a sweep trial's ``trial.log``)."""
+
+    def __init__(self, uri: str = "", say: Callable[[str], None] | None = None):
+        self.uri, self.say = uri, say or (lambda line: print(line, flush=True))
+        self.lock = threading.Lock()
+        self.since: float | None = None  # monotonic start of the current outage
+        self.buffered = 0  # metrics waiting to be sent
+        self.flushed = 0  # metrics that waited for the server during outages (sent when it answered)
+        self.outages: list[float] = []  # durations of the outages that ended
+
+    def down(self, exc: BaseException, started: float, what: str) -> None:
+        with self.lock:
+            first = self.since is None
+            if first:
+                self.since = started
+        if first:
+            self.say(f"MLflow at {self.uri} unreachable ({what}: {_short(exc)}); training continues, metrics are "
+                     f"kept and sent when it answers (waiting at most {wait_bound():g} s where a trial must: "
+                     f"${WAIT_ENV})")
+
+    def up(self, kept: int = 0) -> None:
+        """The server answered: ends an outage (``kept``: the metrics that waited for it, sent now in order)."""
+        with self.lock:
+            if self.since is None:
+                return
+            lasted, self.since = time.monotonic() - self.since, None
+            self.outages.append(lasted)
+            self.flushed += kept
+        self.say(f"MLflow at {self.uri} back after {lasted:.0f} s; sending the {kept} metrics kept meanwhile, in order")
+
+    def outage_s(self) -> float:
+        with self.lock:
+            return 0.0 if self.since is None else time.monotonic() - self.since
+
+    def report(self) -> dict[str, float]:
+        """What a sweep trial tells the driver with every result (``orchestrator.sweep.console``)."""
+        with self.lock:
+            last = self.outages[-1] if self.outages else 0.0
+            n = len(self.outages)
+        return {OUTAGE_S: round(self.outage_s(), 1), BUFFERED: float(self.buffered), FLUSHED: float(self.flushed),
+                OUTAGES: float(n), LAST_OUTAGE_S: round(last, 1)}
+
+
+_HEALTH = Health()
+
+
+def health() -> Health:
+    """The process's tracking health (one per trial: ``reset_health`` at each trial's start)."""
+    return _HEALTH
+
+
+def reset_health() -> Health:
+    global _HEALTH
+    _HEALTH = Health()
+    return _HEALTH
+
+
+def patient(fn: Callable[[], Any], what: str, h: Health | None = None, wait: float | None = None) -> Any:
+    """``fn()``, retried while the tracking server is away, for at most ``wait`` seconds
+    (``$LIME_TRACKING_WAIT_S``); then ``TrackingUnavailable``. Other errors are raised at once."""
+    h = h or health()
+    wait = wait_bound() if wait is None else wait
+    start = time.monotonic()
+    while True:
+        t0 = time.monotonic()
+        try:
+            out = fn()
+        except Exception as e:  # noqa: BLE001 - only outages are retried
+            if not is_outage(e):
+                raise
+            h.down(e, t0, what)
+            waited = time.monotonic() - start
+            if waited >= wait:
+                raise TrackingUnavailable(
+                    f"MLflow at {h.uri} unreachable for {waited:.0f} s ({what}); gave up after ${WAIT_ENV}="
+                    f"{wait:g} s") from None
+            time.sleep(min(5.0, max(0.5, wait - waited), retry_window()))
+            continue
+        h.up()
+        return out
+
+
+class Outbox:
+    """Metrics sent in the background, in order, kept while the server is away (see the module)."""
+
+    def __init__(self, send: Callable[[list], None], h: Health | None = None, limit: int | None = None):
+        self.send, self.health = send, h or health()
+        self.limit = limit or buffer_limit()
+        self.queue: collections.deque = collections.deque()
+        self.cond = threading.Condition()
+        self.busy = False  # a batch is being sent
+        self.error: BaseException | None = None  # a failure that is no outage: raised in the caller
+        self.closed = False
+        self.thread = threading.Thread(target=self._run, name="lime-mlflow-outbox", daemon=True)
+        self.thread.start()
+
+    def put(self, items: list) -> None:
+        """Queue metrics (returns at once; waits only while the buffer is full)."""
+        self._raise()
+        told = False
+        with self.cond:
+            while len(self.queue) >= self.limit and not self.closed and self.error is None:
+                if not told:
+                    told = True
+                    self.health.say(f"{len(self.queue)} metrics kept for MLflow (${BUFFER_ENV}={self.limit}): "
+                                    "training waits until it answers")
+                self.cond.wait(1.0)
+            self.queue.extend(items)
+            self.health.buffered = len(self.queue)
+            self.cond.notify_all()
+        self._raise()
+
+    def flush(self, wait: float | None = None) -> None:
+        """Until every queued metric is sent; ``TrackingUnavailable`` after ``wait`` seconds."""
+        wait = wait_bound() if wait is None else wait
+        deadline = time.monotonic() + wait
+        with self.cond:
+            while (self.queue or self.busy) and self.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TrackingUnavailable(
+                        f"MLflow at {self.health.uri} unreachable: {len(self.queue)} metrics not sent after "
+                        f"{wait:g} s (${WAIT_ENV}); they are in the trial's checkpoint and are sent when it resumes")
+                self.cond.wait(min(left, 1.0))
+        self._raise()
+
+    def close(self, wait: float | None = None) -> None:
+        try:
+            self.flush(wait)
+        finally:
+            with self.cond:
+                self.closed = True
+                self.cond.notify_all()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            err, self.error = self.error, None
+            raise err
+
+    def _run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.queue and not self.closed:
+                    self.cond.wait()
+                if not self.queue:
+                    return
+                batch = [self.queue[i] for i in range(min(BATCH, len(self.queue)))]
+                self.busy = True
+            t0 = time.monotonic()
+            try:
+                self.send(batch)
+            except Exception as e:  # noqa: BLE001 - an outage waits; anything else goes to the caller
+                with self.cond:
+                    self.busy = False
+                    if not is_outage(e):
+                        self.error = e
+                        self.queue.clear()
+                        self.health.buffered = 0
+                    self.cond.notify_all()
+                if is_outage(e):
+                    self.health.down(e, t0, "sending metrics")
+                    time.sleep(min(5.0, retry_window()))  # then the same batch again: the order holds
+                continue
+            with self.cond:
+                kept = len(self.queue)  # what waited for the server, this batch included
+                for _ in batch:
+                    self.queue.popleft()
+                self.busy = False
+                self.health.buffered = len(self.queue)
+                self.cond.notify_all()
+            self.health.up(kept)
