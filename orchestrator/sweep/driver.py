@@ -10,8 +10,9 @@
   a retried or resumed trial continues from its newest checkpoint and keeps its MLflow run.
   Tune reuses worker processes across trials (``reuse_actors``; ``LIME_REUSE_WORKERS=0``: a
   fresh process per trial), restored experiments too.
-- The parent run gets the sweep's wall time (Tune's fit, summed over launches), the slots (trials
-  at once), Ray's start and the launch count (``sweep/*``): the report's efficiency ratio.
+- The parent run gets the sweep's wall time (Tune's fit, summed over launches, a killed launch's
+  up to its last beat: ``WallClock``), the slots (trials at once), Ray's start and the launch
+  count (``sweep/*``): the report's efficiency ratio.
 - MLflow (``orchestrator.sweep.mlflow_runs``): one parent run per sweep (its id is kept in
   ``<results>/ray/<sweep>/lime_sweep.json`` so it survives driver restarts), one child run per
   trial. Runs left ``RUNNING`` by a killed driver are closed on the next start and at the end;
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -132,18 +134,18 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
     # launched: the trials' clocks count a fresh worker's start from here at the earliest
     ctx = {"uri": uri, "parent_run_id": parent, "exp_dir": str(exp_dir), "metric": metric, "launched": time.time()}
     fitting = False
+    clock = WallClock(cl, parent, spec, ray_start_s, int(state.get("launches", 0)) + 1)
     try:
         view = _live_view(spec, metric, mode, status_every)
         tuner = _tuner(spec, exp_dir, view, ctx)
-        t0 = time.monotonic()
         fitting = True
+        clock.start()  # a beat every WALL_BEAT_S: a killed driver's launch counts up to its last beat
         with connect.output_to(log):
             grid = tuner.fit()
-        elapsed = time.monotonic() - t0
-        _log_wall(cl, parent, spec, elapsed, ray_start_s, int(state.get("launches", 0)) + 1)
+        elapsed = clock.stop()
     except BaseException as e:  # nothing may stay RUNNING: the parent and any started trial
         if fitting:
-            _log_wall(cl, parent, spec, time.monotonic() - t0, ray_start_s, int(state.get("launches", 0)) + 1)
+            clock.stop()
         if fitting or before is None:
             end_run(cl, parent, TrialStatus.KILLED if isinstance(e, KeyboardInterrupt) else TrialStatus.FAILED)
         else:  # nothing ran: the parent goes back to what it was (a finished sweep stays finished)
@@ -173,20 +175,57 @@ def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
     return cl, exp_id, parent, stale, before
 
 
-def _log_wall(cl, parent: str, spec: SweepSpec, elapsed: float, ray_start_s: float, launch: int) -> None:
-    """The parent run's ``sweep/wall_s`` (Tune's fit, summed over the launches), ``sweep/slots``
+WALL_BEAT_S = 5.0  # how often a launch adds its time so far to the parent's sweep/wall_s
+
+
+class WallClock:
+    """The parent run's ``sweep/wall_s`` (Tune's fit, summed over every launch), ``sweep/slots``
     (trials that run at once), ``sweep/ray_start_s`` and ``sweep/launches``: the report's
     efficiency ratio. Tags, not metrics: a parent metric is a chart section of its own beside the
-    trials' (``orchestrator.sweep.finish``). Never fails the sweep."""
-    try:
-        import ray
+    trials' (``orchestrator.sweep.finish``). The earlier launches' sum is read when this launch
+    starts; this launch's seconds are added every ``WALL_BEAT_S`` while it fits (a driver killed
+    mid-sweep has its time counted up to its last beat) and at its end. Never fails the sweep."""
 
-        prior = (record.ParentTags.of(cl.get_run(parent).data.tags).wall_s or 0.0) if launch > 1 else 0.0
-        slots = concurrent_slots(spec, ray.cluster_resources() if ray.is_initialized() else {}, spec.n_trials())
-        timing = record.ParentTags(wall_s=prior + elapsed, slots=slots, ray_start_s=ray_start_s, launches=launch)
-        timing.write(cl, parent)
-    except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
-        log.warning("sweep wall time not logged: %s", e)
+    def __init__(self, cl, parent: str, spec: SweepSpec, ray_start_s: float, launch: int):
+        self.cl, self.parent, self.spec, self.ray_start_s, self.launch = cl, parent, spec, ray_start_s, launch
+        self.prior = 0.0
+        if launch > 1:
+            try:
+                self.prior = record.ParentTags.of(cl.get_run(parent).data.tags).wall_s or 0.0
+            except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
+                log.warning("earlier launches' wall time not read: %s", e)
+        self.t0 = time.monotonic()
+        self.done = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.thread = threading.Thread(target=self._beat, name="lime-wall-clock", daemon=True)
+        self.thread.start()
+
+    def _beat(self) -> None:
+        while not self.done.wait(WALL_BEAT_S):
+            self.write(time.monotonic() - self.t0)
+
+    def stop(self) -> float:
+        """This launch's seconds, written (the beats end first)."""
+        elapsed = time.monotonic() - self.t0
+        self.done.set()
+        if self.thread is not None:
+            self.thread.join(30)
+        self.write(elapsed)
+        return elapsed
+
+    def write(self, elapsed: float) -> None:
+        try:
+            import ray
+
+            cluster = ray.cluster_resources() if ray.is_initialized() else {}
+            slots = concurrent_slots(self.spec, cluster, self.spec.n_trials())
+            record.ParentTags(wall_s=self.prior + elapsed, slots=slots, ray_start_s=self.ray_start_s,
+                              launches=self.launch).write(self.cl, self.parent)
+        except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
+            log.warning("sweep wall time not logged: %s", e)
 
 
 def _status_of(cl, run_id: str | None) -> TrialStatus | None:

@@ -52,6 +52,7 @@ def load_spec(path: str | os.PathLike) -> SweepSpec:
         users = _extended_by(p)
         raise ConfigError(f"{path}: a shared base for other sweeps (its file name starts with '_'), not a sweep; "
                           f"run one that extends it" + (f": {', '.join(users)}" if users else ""))
+    limits.max_trials(), limits.max_params()  # a bad $LIME_MAX_* is its own mistake, not the file's
     data, text = read_yaml(p)
     return parse_spec(data, stem=p.stem, path=str(path), text=text)
 

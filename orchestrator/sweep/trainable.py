@@ -132,8 +132,8 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
                     print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
                     outbox.patient(lambda old=old: cl.delete_run(old.info.run_id), "deleting a run", health)
         base[RESUMED] = 1 if resume else 0  # the console says which, from the attempt's own word
-        print(f"{f'resuming from the checkpoint at step {start}' if resume else 'starting at step 0 (no checkpoint)'}"
-              f"; config: {json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
+        print(f"{'resuming from step ' + str(start) if resume else 'starting'}; config: "  # from a checkpoint, or 0
+              f"{json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
         tags = record.trial_tags(spec.name, trial_id, config, **{record.RAY_NODE: _node_id(),
                                                                   record.HOST: socket.gethostname()})
         if spec.resources.workers > 1:

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -90,6 +92,10 @@ def test_local_sweep_nested_mlflow_runs_and_a_fault_retried_from_its_checkpoint(
     out = r.stdout
     # the compact view, not Ray's table
     assert "done   router=full,seed=0" in out and "retry  router=full,seed=0" in out
+    # the console says where the retry continues, as the attempt itself reports it
+    assert "retry  router=full,seed=0 (failure 1 of 2 allowed): it has a checkpoint to continue from" in out
+    assert "resume router=full,seed=0: continues from its checkpoint at step 10" in out
+    assert "resume router=none" not in out and "MLflow unreachable" not in out
     assert "╭" not in out and "Trial name" not in out and "Number of trials" not in out
     assert marker.read_text().startswith("router=full,seed=0 10")
 
@@ -135,6 +141,9 @@ def test_local_sweep_nested_mlflow_runs_and_a_fault_retried_from_its_checkpoint(
 def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
     d, env = store
     name = "kill-resume"
+    # the system temp dir of the sweep's processes (short: Ray puts its sockets there): no attempt leaves anything
+    tmp = Path(tempfile.mkdtemp(prefix="lk-", dir="/tmp"))
+    env = {**env, "TMPDIR": str(tmp)}
     # two trials side by side: a short one finishes while the long one is mid-way
     path = _sweep(d, name, grid={"steps": [40, 300]}, checkpoint_interval=20,
                   train={"log_interval": 10, "eval_interval": 50, "batch_size": 8, "seq_len": 64})
@@ -169,20 +178,29 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
         log1.close()
     assert caught, "the driver was not caught mid-sweep:\n" + (d / "kill-run1.log").read_text()[-3000:]
     state1 = json.loads((d / "results" / "ray" / name / "lime_sweep.json").read_text())
-    cl, _, before = _runs(env, name)
+    cl, parents, before = _runs(env, name)
     before = {c.data.tags["trial_id"]: c for c in before}
+    wall1 = float(parents[0].data.tags.get("sweep/wall_s", 0))  # the killed launch counted up to its last beat
+    assert wall1 > 0, parents[0].data.tags
     assert before[short].info.status == "FINISHED" and before[long_].info.status != "FINISHED"
 
     r = subprocess.run([LIME, "sweep", "run", str(path)], capture_output=True, text=True, cwd=ROOT, env=env,
                        timeout=900)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "resuming" in r.stdout
+    resumed = int(_trial_log(d, name, long_).split("resuming from step ")[1].split(";")[0])
+    assert f"resume {long_}: continues from its checkpoint at step {resumed}" in r.stdout
     state2 = json.loads((d / "results" / "ray" / name / "lime_sweep.json").read_text())
     assert state2["parent_run_id"] == state1["parent_run_id"] and state2["launches"] == 2
 
     cl, parents, after = _runs(env, name)
     assert len(parents) == 1 and parents[0].info.run_id == state1["parent_run_id"]
     assert parents[0].info.status == "FINISHED"
+    assert float(parents[0].data.tags["sweep/wall_s"]) > wall1  # both launches
+    left = [p.name for p in tmp.iterdir() if p.name.startswith("lime-")]
+    shutil.rmtree(tmp, ignore_errors=True)
+    assert not left  # nothing left in the temp dir
+    assert not list((d / "results" / "ray" / name).glob("*/attempt"))  # each attempt's folder removed
     assert sorted(c.data.tags["trial_id"] for c in after) == [long_, short]  # one run per trial: no duplicates
     for c in after:
         assert c.info.status == "FINISHED" and c.data.tags["status"] == "finished"  # nothing stale
