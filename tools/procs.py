@@ -91,3 +91,57 @@ def wait_http(url: str, timeout: float, proc: Proc | None = None) -> None:
         time.sleep(0.3)
     tail = "" if proc is None else ":\n" + proc.log.read_text(errors="replace")[-3000:]
     raise RuntimeError(f"{url}: no answer within {timeout:g} s{tail}")
+
+
+def descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (from /proc's parent links)."""
+    parent: dict[int, int] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(c for c, pp in parent.items() if pp == p)
+    return out
+
+
+def _hex_ip(h: str) -> str:
+    """An address of /proc/net/tcp{,6} (little-endian 32-bit words) as text."""
+    import ipaddress
+
+    raw = bytes.fromhex(h)
+    words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+    return str(ipaddress.ip_address(words))
+
+
+def listening(pids: list[int]) -> list[tuple[int, str, int]]:
+    """(pid, address, port) of every TCP socket these processes listen on (Linux /proc)."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        try:
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                try:
+                    target = os.readlink(fd)
+                except OSError:
+                    continue
+                if target.startswith("socket:["):
+                    inodes[target[8:-1]] = pid
+        except OSError:
+            continue
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[3] == "0A" and f[9] in inodes:  # state LISTEN
+                ip, port = f[1].split(":")
+                out.append((inodes[f[9]], _hex_ip(ip), int(port, 16)))
+    return out

@@ -188,7 +188,7 @@ def patient(fn: Callable[[], Any], what: str, h: Health | None = None, wait: flo
                     f"{wait:g} s") from None
             time.sleep(min(5.0, max(0.5, wait - waited), retry_window()))
             continue
-        h.up()
+        h.up(h.buffered)  # what waits in the outbox goes now
         return out
 
 

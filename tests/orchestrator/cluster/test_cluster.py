@@ -87,6 +87,26 @@ def test_connection_failures_are_one_line_exit_2_and_record_nothing(cluster):
     assert exp is None and not parents and not trials  # nothing was recorded before Ray was up
 
 
+@pytest.mark.parametrize("resources, line", [
+    ({"cpu": 1, "gpu": 1000}, "resources.gpu: 1000 per trial, but no node of the cluster at {a} has that many GPUs "
+                              "(the most on one node: 0, 2 node(s)); lower it or add nodes that have them"),
+    ({"cpu": 3}, "resources.cpu: 3 per trial, but no node of the cluster at {a} has that many CPUs (the most on one "
+                 "node: 1, 2 node(s)); lower it or add nodes that have them"),
+])
+def test_a_trial_no_node_can_hold_is_one_line_and_records_nothing(cluster, resources, line):
+    """Issue 30: `gpu: 1000` on a CPU-only cluster printed nothing for minutes, and left the parent
+    run RUNNING when stopped. Now: one line after connecting, before anything is recorded."""
+    name = f"ct-fit-{'gpu' if 'gpu' in resources else 'cpu'}"
+    path = sweep_file(cluster, name, resources=resources)
+    t0 = time.monotonic()
+    r = lime(cluster, "sweep", "run", str(path), "--address", cluster.address, timeout=120)
+    assert one_line_error(r) == "error: " + line.format(a=cluster.address) and time.monotonic() - t0 < 90
+    _, exp, parents, trials = runs_of(cluster, name)
+    assert exp is None and not parents and not trials
+    token = cluster.home / ".ray" / "auth_token"  # `ray get-auth-token --generate` wrote it 0644
+    assert token.stat().st_mode & 0o777 == 0o600  # the driver that used it made it private
+
+
 def test_sweep_on_two_nodes_killed_and_resumed(cluster):
     name = "ct-sweep"
     # four trials of one CPU on two one-CPU nodes: two at a time, one on each node

@@ -1,0 +1,116 @@
+"""A long outage of the tracking server under a running trial (issue 30): a real `mlflow server`
+is stopped for ten times the client's retry window while a local sweep's trial trains, then
+started again on the same port and store. The trial must keep training, lose no metric, store
+no step twice, spend none of its retries, and the console must name the outage and its end.
+
+The client's retry window is 2 s here (``LIME_TRACKING_RETRY_S``, and MLflow's own retry
+settings set to the same, so that the code before the outbox meets the same window): an outage
+of 20 s outlasts it tenfold."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.orchestrator.cluster.conftest import BIN, clean_env
+from tests.sweeps import tiny
+from tools.procs import Proc, free_port, wait_http
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+ROOT = Path(__file__).resolve().parents[3]
+LIME = str(Path(sys.executable).parent / "lime")
+OUTAGE_S, RETRY_S, STEPS, LOG = 20.0, 2, 4000, 10
+
+
+def _server(root: Path, port: int, n: int) -> Proc:
+    p = Proc([str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{root}/mlflow.db",
+              "--artifacts-destination", str(root / "mlartifacts"), "--host", "127.0.0.1", "--port", str(port),
+              "--workers", "1"], root / f"mlflow-server-{n}.log", clean_env(root / "home"))
+    wait_http(f"http://127.0.0.1:{port}/health", 120, p)
+    return p
+
+
+def _client(uri: str):
+    from mlflow.tracking import MlflowClient
+
+    return MlflowClient(tracking_uri=uri)
+
+
+def _trial_run(uri: str, name: str):
+    cl = _client(uri)
+    exp = cl.get_experiment_by_name(name)
+    runs = [r for r in cl.search_runs([exp.experiment_id]) if r.data.tags.get("sweep_role") == "trial"] if exp else []
+    return cl, runs
+
+
+def test_a_tracking_outage_longer_than_the_retry_window_loses_nothing_and_spends_no_retry(tmp_path):
+    root, name = tmp_path, "outage"
+    (root / "home").mkdir()
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    server = _server(root, port, 1)
+    base = tiny(train={"steps": STEPS, "log_interval": LOG, "eval_interval": 500, "eval_batches": 2})
+    sweep = root / f"{name}.yaml"
+    sweep.write_text(yaml.safe_dump({"name": name, "description": "outage probe", "base": base,
+                                     "resources": {"cpu": 1}, "checkpoint_interval": 500}, sort_keys=False))
+    env = clean_env(root / "home", MLFLOW_TRACKING_URI=uri, LIME_RESULTS=str(root / "results"),
+                    LIME_CACHE=str(root / "cache"), LIME_TRACKING_RETRY_S=str(RETRY_S),
+                    MLFLOW_HTTP_REQUEST_MAX_RETRIES="2", MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1")
+    console = open(root / "console.log", "w")
+    driver = subprocess.Popen([LIME, "sweep", "run", str(sweep)], stdout=console, stderr=subprocess.STDOUT,
+                              cwd=ROOT, env=env, start_new_session=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and driver.poll() is None:  # until the trial has stored a few steps
+            _, runs = _trial_run(uri, name)
+            if runs and len(_client(uri).get_metric_history(runs[0].info.run_id, "train/loss")) >= 5:
+                break
+            time.sleep(0.5)
+        assert driver.poll() is None, (root / "console.log").read_text()[-3000:]
+        stopped = time.monotonic()
+        server.stop()
+        time.sleep(OUTAGE_S)
+        server = _server(root, port, 2)
+        outage = time.monotonic() - stopped
+        rc = driver.wait(600)
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+        console.close()
+        server.stop()
+    server = _server(root, port, 3)
+    try:
+        out = (root / "console.log").read_text()
+        assert rc == 0, out[-3000:]
+        cl, runs = _trial_run(uri, name)
+        assert len(runs) == 1 and runs[0].info.status == "FINISHED" and runs[0].data.tags["status"] == "finished"
+        rid = runs[0].info.run_id
+        # no step lost, none twice: every log point of every series, once
+        every = list(range(LOG, STEPS + 1, LOG))
+        for key in ("train/loss", "train/lr", "perf/step_time_ms", "train/tokens_per_s"):
+            assert sorted(m.step for m in cl.get_metric_history(rid, key)) == every, key
+        assert sorted(m.step for m in cl.get_metric_history(rid, "val/loss")) == [*range(500, STEPS, 500), STEPS]
+        for key in runs[0].data.metrics:
+            steps = [m.step for m in cl.get_metric_history(rid, key)]
+            assert len(steps) == len(set(steps)), key
+        # no retry spent: one attempt, and the console says so
+        trial_log = next((root / "results" / "ray" / name).glob("*/trial.log")).read_text()
+        assert trial_log.count("=== ") == 1 and "retry" not in out and "FAILED" not in out
+        assert "unreachable (sending metrics" in trial_log and " back after " in trial_log
+        # the console named the outage and its end, with the numbers
+        assert re.search(r"MLflow unreachable from base for \d+ s: it keeps training", out), out[-3000:]
+        m = re.search(r"MLflow answers base again after (\d+) s: (\d+) kept metrics sent in order", out)
+        assert m, out[-3000:]
+        noticed, kept = int(m.group(1)), int(m.group(2))
+        assert kept > 0 and OUTAGE_S - 5 <= noticed <= outage + 10
+        print(json.dumps({"outage_s": round(outage, 1), "outage_seen_by_trial_s": noticed, "metrics_kept_and_sent":
+                          kept, "steps_lost": 0, "duplicate_steps": 0, "retries_spent": 0}))
+    finally:
+        server.stop()
