@@ -96,8 +96,11 @@ def trial_params(cfg, mcfg, data_info: dict) -> tuple[dict[str, str], dict[str, 
 
 class MLflowHook(Hook):
     """One MLflow run per trial: created on start (or continued: ``run_id`` given, or the
-    checkpoint's), the params and model size once, metrics at every log point (flushed with
-    every checkpoint), artifacts and the final status at the end."""
+    checkpoint's, whose history is replayed so the server gets what an earlier attempt could not
+    send), the params and model size once, metrics at every log point (sent in the background,
+    kept through an outage: ``orchestrator.core.outbox``), artifacts and the final status at the
+    end (waiting for an absent server up to ``$LIME_TRACKING_WAIT_S``, then ``TrackingUnavailable``:
+    the trial fails with its last checkpoint written)."""
 
     def __init__(self, experiment: str, *, run_name: str | None = None, parent_run_id: str | None = None,
                  tags: dict[str, Any] | None = None, params: dict[str, Any] | None = None):

@@ -114,3 +114,51 @@ def test_a_tracking_outage_longer_than_the_retry_window_loses_nothing_and_spends
                           kept, "steps_lost": 0, "duplicate_steps": 0, "retries_spent": 0}))
     finally:
         server.stop()
+
+
+def test_a_trial_that_ends_during_an_outage_fails_with_one_line_and_its_resume_loses_nothing(tmp_path, monkeypatch):
+    """The final flush waits ``LIME_TRACKING_WAIT_S`` (3 s here), then the trial fails with a clear
+    line, its last checkpoint written; the resume, with the server back, stores what it lacked."""
+    from orchestrator.core.outbox import TrackingUnavailable
+    from orchestrator.engine.trial import Tracking, run_trial
+    from orchestrator.engine.trial_config import TrialConfig
+
+    (tmp_path / "home").mkdir()
+    port = free_port()
+    uri = f"http://127.0.0.1:{port}"
+    for k, v in {"MLFLOW_TRACKING_URI": uri, "LIME_TRACKING_RETRY_S": "1", "LIME_TRACKING_WAIT_S": "3",
+                 "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}.items():
+        monkeypatch.setenv(k, v)
+    servers = [_server(tmp_path, port, 1)]
+    ck = tmp_path / "ck"
+    cfg = tiny(train={"steps": 60, "log_interval": 5, "eval_interval": 30, "checkpoint_interval": 30,
+                      "checkpoint_dir": str(ck), "threads": 1})
+
+    def stop_at_40(step, metrics, ckpt):
+        if step == 40 and servers[0] is not None:
+            servers[0].stop()
+            servers[0] = None
+
+    try:
+        with pytest.raises(TrackingUnavailable) as e:
+            run_trial(TrialConfig.from_dict(cfg), tracking=Tracking(experiment="ends-away"), on_log=stop_at_40)
+        msg = str(e.value)
+        assert msg.startswith(f"MLflow at {uri} unreachable")
+        assert "$LIME_TRACKING_WAIT_S" in msg and "\n" not in msg
+        import torch
+
+        state = torch.load(ck / "checkpoint.pt", weights_only=True)
+        assert state["step"] == 60 and state["history"][-1].get("final/val_loss") is not None  # intact, final
+        servers[0] = _server(tmp_path, port, 2)
+        res = run_trial(TrialConfig.from_dict(cfg), tracking=Tracking(experiment="ends-away"), resume=ck)
+        cl = _client(uri)
+        run = cl.get_run(res.run_id)
+        assert run.info.status == "FINISHED" and run.data.tags["status"] == "finished"
+        assert sorted(m.step for m in cl.get_metric_history(res.run_id, "train/loss")) == list(range(5, 61, 5))
+        assert sorted(m.step for m in cl.get_metric_history(res.run_id, "val/loss")) == [30, 60]
+        assert [m.step for m in cl.get_metric_history(res.run_id, "final/val_loss")] == [0]
+        runs = cl.search_runs([cl.get_experiment_by_name("ends-away").experiment_id])
+        assert len(runs) == 1
+    finally:
+        if servers[0] is not None:
+            servers[0].stop()
