@@ -56,12 +56,13 @@ PaperRef = Annotated[Annotated[Str, Field(pattern="^[a-z0-9-]+$")] | None,
 # Names a sweep may not have: its results go to results/<name>/ and its Ray experiment to
 # results/ray/<name>/, so a sweep named after another folder of results/ would write into it
 # (ray: Ray's experiments; bench, analysis: `lime bench` and `lime analyze`; dashboard: the dashboard
-# check), and its MLflow experiment is named after it (lime-train, lime-bench: `lime train`'s and
-# `lime bench`'s experiments).
+# check; train: `lime train`'s default checkpoints), and its MLflow experiment is named after it
+# (lime-train, lime-bench: `lime train`'s and `lime bench`'s experiments).
 RESERVED_NAMES = {"ray": "results/ray holds every sweep's Ray experiment",
                   "bench": "results/bench holds `lime bench`'s output",
                   "analysis": "results/analysis holds `lime analyze`'s output",
                   "dashboard": "results/dashboard holds the dashboard check's screenshots",
+                  "train": "results/train holds `lime train`'s checkpoints",
                   "lime-train": "the MLflow experiment of `lime train`",
                   "lime-bench": "the MLflow experiment of `lime bench`"}
 

@@ -241,6 +241,8 @@ def test_a_reserved_name_is_no_sweep(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/m.db")
     assert _one_line(capsys, ["report", "ray"]) == \
         "error: report: 'ray' is reserved (results/ray holds every sweep's Ray experiment), not a sweep"
+    assert _one_line(capsys, ["sweep", "status", "train"]) == \
+        "error: sweep status: 'train' is reserved (results/train holds `lime train`'s checkpoints), not a sweep"
 
 
 def test_report_against_a_missing_store_creates_nothing(tmp_path, capsys, monkeypatch):
