@@ -46,8 +46,9 @@ WAIT_ENV, DEFAULT_WAIT_S = "LIME_TRACKING_WAIT_S", 1800.0
 BUFFER_ENV, DEFAULT_BUFFER = "LIME_TRACKING_BUFFER", 200_000
 BATCH = 1000  # metrics per request (MLflow's log_batch takes at most 1000)
 # what a sweep trial reports to the driver about its server, with every result
-OUTAGE_S, BUFFERED, FLUSHED, OUTAGES, LAST_OUTAGE_S = (
-    "mlflow_outage_s", "mlflow_buffered", "mlflow_flushed", "mlflow_outages", "mlflow_last_outage_s")
+OUTAGE_S, BUFFERED, FLUSHED, OUTAGES, LAST_OUTAGE_S, LAST_KEPT = (
+    "mlflow_outage_s", "mlflow_buffered", "mlflow_flushed", "mlflow_outages", "mlflow_last_outage_s",
+    "mlflow_last_kept")
 OUTAGE_WORDS = ("Max retries exceeded", "failed with exception", "Connection refused", "Connection aborted",
                 "Connection reset", "Read timed out", "RemoteDisconnected", "Temporary failure in name resolution")
 SERVER_ERROR = re.compile(r"error code 5\d\d|\b50[0234]\b.*(Server Error|Gateway|Unavailable)")
@@ -119,6 +120,7 @@ class Health:
         self.buffered = 0  # metrics waiting to be sent
         self.flushed = 0  # metrics that waited for the server during outages (sent when it answered)
         self.outages: list[float] = []  # durations of the outages that ended
+        self.last_kept = 0  # the metrics that waited for the server in the last outage
 
     def down(self, exc: BaseException, started: float, what: str) -> None:
         with self.lock:
@@ -138,6 +140,7 @@ class Health:
             lasted, self.since = time.monotonic() - self.since, None
             self.outages.append(lasted)
             self.flushed += kept
+            self.last_kept = kept
         self.say(f"MLflow at {self.uri} back after {lasted:.0f} s; sending the {kept} metrics kept meanwhile, in order")
 
     def outage_s(self) -> float:
@@ -150,7 +153,7 @@ class Health:
             last = self.outages[-1] if self.outages else 0.0
             n = len(self.outages)
         return {OUTAGE_S: round(self.outage_s(), 1), BUFFERED: float(self.buffered), FLUSHED: float(self.flushed),
-                OUTAGES: float(n), LAST_OUTAGE_S: round(last, 1)}
+                OUTAGES: float(n), LAST_OUTAGE_S: round(last, 1), LAST_KEPT: float(self.last_kept)}
 
 
 _HEALTH = Health()

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.core.outbox import BUFFERED, FLUSHED, LAST_OUTAGE_S, OUTAGE_S
+from orchestrator.core.outbox import BUFFERED, LAST_KEPT, LAST_OUTAGE_S, OUTAGE_S
 from orchestrator.core.status import TrialStatus
 from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR, RESUMED
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
@@ -158,10 +158,10 @@ class LiveView:
             return
         self.reported.add(n)
         start = int(result.get("start_step", 0) or 0)
-        again = (getattr(getattr(trial, "run_metadata", None), "num_failures", 0) or 0) > 0 or n in self.progress
-        if result.get(RESUMED):
+        failures = getattr(getattr(trial, "run_metadata", None), "num_failures", 0) or 0
+        if result[RESUMED] == 1:
             self._say(f"resume {n}: continues from its checkpoint at step {start}")
-        elif again:
+        elif result[RESUMED] == -1 or failures > 0 or n in self.progress:
             self._say(f"resume {n}: no checkpoint to continue from: starts over at step 0")
 
     def _tracking_line(self, n: str, result: dict) -> None:
@@ -175,7 +175,7 @@ class LiveView:
         elif away <= 0 and n in self.away:
             last = result.get(LAST_OUTAGE_S)
             lasted = f" after {last:.0f} s" if isinstance(last, (int, float)) else ""
-            self._say(f"MLflow answers {n} again{lasted}: {int(result.get(FLUSHED, 0))} kept metrics sent in order")
+            self._say(f"MLflow answers {n} again{lasted}: {int(result.get(LAST_KEPT, 0))} kept metrics sent in order")
         if away > 0:
             self.away[n] = float(away)
         else:

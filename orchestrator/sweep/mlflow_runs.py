@@ -34,7 +34,9 @@ RAY_DONE, RAY_ERROR = "TERMINATED", "ERROR"  # Ray's trial states that end a tri
 
 
 CONFIG_ERROR = "config_error"  # the result key that says a trial failed on a mistake of its config
-RESUMED = "resumed"  # in every report of an attempt: 1 if it continued from a checkpoint, 0 if from step 0
+# in every report of an attempt: 1 it continued from a checkpoint; -1 it started over at step 0
+# after an earlier attempt (which left no checkpoint); 0 a first start
+RESUMED = "resumed"
 
 
 def report_config_error(tune, trial_id: str, exc: BaseException) -> None:

@@ -131,7 +131,9 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
                 for old in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
                     print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
                     outbox.patient(lambda old=old: cl.delete_run(old.info.run_id), "deleting a run", health)
-        base[RESUMED] = 1 if resume else 0  # the console says which, from the attempt's own word
+        # the console says which, from the attempt's own word: 1 from a checkpoint, -1 from step 0
+        # although an earlier attempt recorded a run (it left no checkpoint), 0 a first start
+        base[RESUMED] = 1 if resume else (-1 if run is not None else 0)
         print(f"{'resuming from step ' + str(start) if resume else 'starting'}; config: "  # from a checkpoint, or 0
               f"{json.dumps(cfg.to_dict(), sort_keys=True, default=str)}", flush=True)
         tags = record.trial_tags(spec.name, trial_id, config, **{record.RAY_NODE: _node_id(),
