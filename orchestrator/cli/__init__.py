@@ -15,6 +15,7 @@ import sys
 from lime_arch import ConfigError
 from orchestrator.cli import bench
 from orchestrator.core import exposure
+from orchestrator.core.outbox import TrackingUnavailable
 
 
 def _lazy(target: str):
@@ -112,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TrackingUnavailable as e:  # the MLflow server stayed away longer than $LIME_TRACKING_WAIT_S
+        print(f"error: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

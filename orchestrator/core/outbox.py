@@ -284,3 +284,23 @@ class Outbox:
                 self.health.buffered = len(self.queue)
                 self.cond.notify_all()
             self.health.up(kept)
+
+
+class PatientClient:
+    """An ``MlflowClient`` whose every call waits for an absent server (``patient``): the sweep
+    driver's, so a sweep that ends while its server is away finishes when it is back (at most
+    ``$LIME_TRACKING_WAIT_S``, then one ``TrackingUnavailable`` line) instead of a traceback."""
+
+    def __init__(self, cl, h: Health | None = None):
+        self._cl, self._health = cl, h or health()
+        self._health.uri = self._health.uri or str(getattr(cl, "tracking_uri", ""))
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._cl, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            return patient(lambda: attr(*args, **kwargs), name.replace("_", " "), self._health)
+
+        return call

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
-from orchestrator.core import dashboard, record
+from orchestrator.core import dashboard, outbox, record
 from orchestrator.core.record import end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
@@ -161,7 +161,7 @@ def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
     """The MLflow client, experiment, parent run, the number of stale runs closed and the parent's
     state before this launch reopened it (None: a new parent); saves the sweep's state."""
     init_store(uri)
-    cl = client(uri)
+    cl = outbox.PatientClient(client(uri))  # a server away at the end of a sweep is waited for, not a traceback
     exp_id = experiment_id(spec.name, cl)
     before = _status_of(cl, state.get("parent_run_id"))
     parent = parent_run(spec, cl, exp_id, state)
