@@ -30,7 +30,10 @@ TORCH_FREE = ("orchestrator.core", "orchestrator.report", "orchestrator.analysis
               "orchestrator.analysis.plots", "orchestrator.tasks", "lime_arch.errors", "lime_arch.specs",
               "orchestrator.cli.bench",
               "orchestrator.bench.shapes", "orchestrator.bench.targets",
-              "orchestrator.bench.outputs")
+              "orchestrator.bench.outputs",
+              # what a config check reads: the declarations of the routers, kinds' names, depth mixes
+              "lime_arch.config", "lime_arch.routers", "lime_arch.router_base", "lime_arch.depth_mix.registry",
+              "lime_arch.depth_mix.peers")
 MAX_LINES = 400
 
 

@@ -3,19 +3,20 @@ DenseFormer, Hyper-Connections (dynamic and static) and ResFormer's value residu
 
 Each restates its original paper; the hooks are described in ``lime_arch.depth_mix.registry``.
 Shapes: B batch, T tokens, C = d_model, n the HC expansion rate, R KV heads, Hd head dim.
+
+No torch at the top of this module: the classes are also the declarations a config check reads
+(names, arguments, ``check``), so the methods that call torch import it themselves.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, ClassVar
 
 from lime_arch.depth_mix.registry import DepthMix, MixArg, register_depth_mix
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register_depth_mix("denseformer")
@@ -32,6 +33,9 @@ class DenseFormer(DepthMix):
     period: int
 
     def __init__(self, **kw):
+        import torch
+        from torch import nn
+
         super().__init__(**kw)
         self.points = [i for i in range(1, self.n_layers + 1) if i % self.period == 0]  # DWA after block i
         self.slot = {i: m for m, i in enumerate(self.points)}
@@ -57,6 +61,8 @@ class DenseFormer(DepthMix):
         return x
 
     def after_block(self, l: int, x: Tensor, memo: dict) -> Tensor:
+        import torch
+
         outputs = memo["outputs"]
         outputs.append(x)  # X_i, i = l + 1
         m = self.slot.get(l + 1)
@@ -76,6 +82,8 @@ class DenseFormer(DepthMix):
 def _full_precision(t: Tensor):
     """Autocast off (where it is on): the residual streams stay in their own dtype (fp32), as the
     baseline's residual stream does under bf16 autocast."""
+    import torch
+
     dev = t.device.type
     return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else nullcontext()
 
@@ -109,6 +117,9 @@ class HyperConnections(DepthMix):
     dynamic: ClassVar[bool] = True
 
     def __init__(self, **kw):
+        import torch
+        from torch import nn
+
         super().__init__(**kw)
         n, K = self.rate, 2 * self.n_layers
         alpha = torch.zeros(K, n, n + 1)  # per sublayer [a_m | A_r]
@@ -126,6 +137,8 @@ class HyperConnections(DepthMix):
 
     def _weights(self, k: int, H: Tensor) -> tuple[Tensor, Tensor]:
         """[a_m | A_r] (n, n+1) and b (n,) of sublayer k; dynamic: (B, T, n, n+1) and (B, T, n)."""
+        import torch
+
         alpha, beta = self.static_alpha[k], self.static_beta[k]
         if not self.dynamic:
             return alpha, beta
@@ -201,6 +214,9 @@ class LearnedValueResidual(ValueResidual):
     step 0 equals ``value-residual``); 2 (L - 1) scalars, without weight decay."""
 
     def __init__(self, **kw):
+        import torch
+        from torch import nn
+
         super().__init__(**kw)
         self.lambdas = nn.Parameter(torch.full((max(self.n_layers - 1, 0), 2), 0.5))  # (l1, l2) per layer >= 1
 
