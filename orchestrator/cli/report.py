@@ -7,16 +7,17 @@ is still shown, and the report falls back to the parent run's settings, with a n
 ``--metric/--axis/--baseline`` override either. The file's optional report keys (``alpha``,
 ``mode``, ``paper``, ``tune``) are used when the sweep layer knows them. Reports go to
 ``--out``/<sweep>/, by default ``$LIME_RESULTS`` or ``results``.
+
+Only the sweep file's validation is imported up front; the report builder (pandas, scipy,
+MLflow) loads after the file has been read (``importlib``), so a missing file is refused at once.
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.record import ReportSettings
-from orchestrator.report.build import build_report
-from orchestrator.report.settings import SweepFile
-from orchestrator.sweep.mlflow_runs import sweep_record
 from orchestrator.sweep.spec import load_spec
 
 
@@ -24,8 +25,9 @@ def cmd_report(args) -> int:
     name, settings, sweep_file = args.sweep, None, None
     if _is_file(args.sweep):
         name, settings, sweep_file = settings_from_file(Path(args.sweep))
-    path = build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,
-                        settings=settings, sweep_file=sweep_file)
+    build = importlib.import_module("orchestrator.report.build")  # pandas, scipy, MLflow: the file is read
+    path = build.build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,
+                              settings=settings, sweep_file=sweep_file)
     print(path)
     return 0
 
@@ -35,20 +37,23 @@ def _is_file(arg: str) -> bool:
     return p.suffix in (".yaml", ".yml") or p.is_file()
 
 
-def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, SweepFile]:
-    """(sweep name, its report settings, the file to show). Settings are None when the file does
-    not validate: the report then takes them from the parent run, and notes why."""
+def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, object]:
+    """(sweep name, its report settings, the file to show: a ``report.settings.SweepFile``).
+    Settings are None when the file does not validate: the report then takes them from the parent
+    run, and notes why."""
     if not path.is_file():
         raise ConfigError(f"report: sweep file {path} does not exist")
     text = path.read_text()
+    shown = importlib.import_module("orchestrator.report.settings")  # the file exists: the report layer loads
     try:
         spec = load_spec(path)
     except ConfigError as e:
         why = str(e).replace(str(path), path.name)  # no machine-specific paths in a report
-        return path.stem, None, SweepFile(text=text, source=path.name, notes=[
+        return path.stem, None, shown.SweepFile(text=text, source=path.name, notes=[
             f"the sweep file does not validate with this code ({why}); the report settings are the "
             "launched sweep's (MLflow)"])
-    settings = sweep_record(spec).report_settings()
-    return spec.name, settings, SweepFile(text=text, source=path.name)
+    mlflow_runs = importlib.import_module("orchestrator.sweep.mlflow_runs")
+    settings = mlflow_runs.sweep_record(spec).report_settings()
+    return spec.name, settings, shown.SweepFile(text=text, source=path.name)
 
 

@@ -1,15 +1,18 @@
-"""``lime sweep run`` and ``lime sweep status``."""
+"""``lime sweep run`` and ``lime sweep status``.
+
+Only the sweep file's validation is imported up front (``orchestrator.sweep.spec``: no torch,
+Ray or MLflow), so a bad file is refused in a fraction of a second; the driver, the dry run's
+view and the planner load after the file has passed (``importlib``, the CLI's lazy path).
+"""
 from __future__ import annotations
 
+import importlib
 import os
 
-from lime_arch import ConfigError
+from lime_arch.errors import ConfigError
 from orchestrator.cli.plan import dry_run_block
 from orchestrator.core.tracking import tracking_uri
-from orchestrator.sweep import extend
-from orchestrator.sweep.driver import run_sweep
 from orchestrator.sweep.spec import load_spec
-from orchestrator.sweep.view import dry_run_text, experiment_dir, status_text
 
 
 def cmd_run(args) -> int:
@@ -19,8 +22,9 @@ def cmd_run(args) -> int:
     if args.dry_run:
         print(_dry_run(spec, address, add))
         return 0
-    summary = run_sweep(spec, address=address, add_seeds=add,
-                        connect_timeout=getattr(args, "connect_timeout", None))
+    driver = importlib.import_module("orchestrator.sweep.driver")  # Ray, MLflow, torch: the file is valid
+    summary = driver.run_sweep(spec, address=address, add_seeds=add,
+                               connect_timeout=getattr(args, "connect_timeout", None))
     return 0 if summary["ok"] else 1
 
 
@@ -40,16 +44,18 @@ def _add_seeds(value: str | None) -> int:
 def _dry_run(spec, address: str | None, add: int) -> str:
     """The dry run of the sweep a run would launch: with the seeds in effect, and what a run of
     this file would add to (or refuse about) the sweep it continues. Writes nothing."""
-    exp_dir = experiment_dir(spec.name)
+    view = importlib.import_module("orchestrator.sweep.view")
+    extend = importlib.import_module("orchestrator.sweep.extend")
+    exp_dir = view.experiment_dir(spec.name)
     try:
         p = extend.plan(spec, exp_dir, tracking_uri(), add)
     except ConfigError as e:
         if add and "--add-seeds" in str(e):
             raise
-        text = _before_last(dry_run_text(spec, address), dry_run_block(spec))
+        text = _before_last(view.dry_run_text(spec, address), dry_run_block(spec))
         return _before_last(text, f"warning: a run would refuse: {e}")
     # what the design can show (lime plan has the rest), then what a run would do to the sweep
-    text = _before_last(dry_run_text(p.spec, address), dry_run_block(p.spec))
+    text = _before_last(view.dry_run_text(p.spec, address), dry_run_block(p.spec))
     return _before_last(text, p.message) if p.message else text
 
 
@@ -60,5 +66,5 @@ def _before_last(text: str, line: str) -> str:
 
 
 def cmd_status(args) -> int:
-    print(status_text(args.name))
+    print(importlib.import_module("orchestrator.sweep.view").status_text(args.name))
     return 0

@@ -1,16 +1,20 @@
-"""``lime train``: one trial from flags, a trial YAML or a checkpoint to resume."""
+"""``lime train``: one trial from flags, a trial YAML or a checkpoint to resume.
+
+Only the config's validation is imported up front (the trial config, the data sources'
+declarations, the YAML reader: no torch, Ray or MLflow), so a bad config is refused in a fraction
+of a second; the data, the trainer and the tracking load once it has passed (``importlib``).
+"""
 from __future__ import annotations
 
+import importlib
 import sys
 from pathlib import Path
 
-from lime_arch import ConfigError
+from lime_arch.errors import ConfigError
 from orchestrator.core import dashboard
-from orchestrator.core.fmt import num
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
-from orchestrator.engine.data import make_batches
-from orchestrator.engine.trial import Tracking, load_checkpoint, run_trial
+from orchestrator.engine.sources import check_source
 from orchestrator.engine.trial_config import TrialConfig, parse_set, set_dotted
 from orchestrator.sweep.files import FileError, read_yaml
 
@@ -73,16 +77,20 @@ def run_name(cfg: TrialConfig, mcfg) -> str:
 
 def cmd_train(args) -> int:
     cfg = trial_from_args(args)  # every check before any data is read or model built
-    mcfg = cfg.model_config(vocab_size=make_batches(cfg.data).vocab_size)  # tokenizer/vocab mismatch, empty corpus
+    check_source(cfg.data)  # files exist, task parameters fit: still nothing heavy imported
+    data = importlib.import_module("orchestrator.engine.data")  # torch from here on
+    trial = importlib.import_module("orchestrator.engine.trial")
+    mcfg = cfg.model_config(vocab_size=data.make_batches(cfg.data).vocab_size)  # tokenizer/vocab mismatch, empty corpus
     start = 0
     if args.resume:
-        start = int(load_checkpoint(args.resume)["step"])
+        start = int(trial.load_checkpoint(args.resume)["step"])
     prog = _Progress(cfg.train.steps, start)
-    tracking = Tracking(experiment=args.experiment, run_name=run_name(cfg, mcfg), enabled=not args.no_track)
+    tracking = trial.Tracking(experiment=args.experiment, run_name=run_name(cfg, mcfg), enabled=not args.no_track)
     try:
-        res = run_trial(cfg, tracking=tracking, resume=args.resume, on_log=prog)
+        res = trial.run_trial(cfg, tracking=tracking, resume=args.resume, on_log=prog)
     finally:
         prog.close()
+    num = importlib.import_module("orchestrator.core.fmt").num  # numpy: not needed to refuse a config
     print(f"status: {res.status}  steps: {res.step}  final val loss: {num(res.final_val_loss, 4)}  "
           f"val ppl: {num(res.final_val_ppl, 4)}")
     print(f"checkpoint: {res.checkpoint}")

@@ -19,21 +19,19 @@ import yaml
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from lime_arch import ConfigError, ModelConfig, preset
-from lime_arch.config import PRESETS
-from lime_arch.specs import Registry
+from lime_arch.config import PRESETS, ModelConfig, preset
+from lime_arch.errors import ConfigError
 from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str, optional_number, validate
+from orchestrator.engine.sources import (  # noqa: F401 - the names of the data sources, declared there
+    CORPUS_SOURCES,
+    CORPUS_TOKENIZERS,
+    DATA_SOURCES,
+    SOURCES,
+)
 from orchestrator.engine.taskspec import build_task
 from orchestrator.tasks import TASKS
 
 SCHEDULES = ("cosine", "linear", "constant")
-CORPUS_SOURCES = ("builtin", "text", "hf")  # the corpora (orchestrator.engine.data.corpus)
-# Every data source by name: the one table. Configs are checked against it here without importing
-# the data modules; orchestrator.engine.data registers the function of each name in SOURCES (and
-# may register no other name), a synthetic task's from the task registry.
-SOURCES = Registry("source", key="data.source", declared=(*CORPUS_SOURCES, *TASKS))
-DATA_SOURCES = SOURCES.declared
-CORPUS_TOKENIZERS = ("byte", "bpe")
 DEVICES = ("auto", "cpu", "cuda")
 
 Positive = Annotated[Int, Field(ge=1)]

@@ -28,7 +28,7 @@ from pydantic.dataclasses import dataclass
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import VARIANT
 from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str
-from orchestrator.engine.data import check_source
+from orchestrator.engine.sources import check_source
 from orchestrator.engine.trial_config import TrainConfig, TrialConfig, set_dotted
 from orchestrator.sweep.checks import (
     SEED,

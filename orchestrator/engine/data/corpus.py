@@ -12,7 +12,6 @@ Targets use -100 where the loss is masked (synthetic prompts).
 """
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import random
@@ -23,7 +22,8 @@ import torch
 from lime_arch import ConfigError
 from orchestrator.engine.data import hub
 from orchestrator.engine.data.registry import register_source
-from orchestrator.engine.trial_config import CORPUS_TOKENIZERS, DataConfig
+from orchestrator.engine.sources import expand_paths
+from orchestrator.engine.trial_config import DataConfig
 
 
 # -- tokenizers --------------------------------------------------------------------------------
@@ -160,24 +160,8 @@ def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
                      train_docs=len(train_t), val_docs=len(val_t))
 
 
-def _check_text(cfg: DataConfig) -> None:
-    _check_tokenizer(cfg)
-    if not cfg.paths:
-        raise ConfigError("data.paths: the text source needs at least one file or glob")
-    _expand(cfg.paths)
-
-
-def _check_tokenizer(cfg: DataConfig) -> None:
-    if cfg.tokenizer not in CORPUS_TOKENIZERS:
-        raise ConfigError(f"data.tokenizer: {cfg.tokenizer!r} is not one of {', '.join(CORPUS_TOKENIZERS)}")
-
-
-def _check_hf(cfg: DataConfig) -> None:
-    if os.path.sep in cfg.hf_name and not os.path.isdir(cfg.hf_name) and cfg.hf_name.startswith((".", "/", "~")):
-        raise ConfigError(f"data.hf_name: local dataset folder {cfg.hf_name!r} does not exist")
-
-
-@register_source("builtin", check=_check_tokenizer)
+# the sources' cheap checks are declared in orchestrator.engine.sources
+@register_source("builtin")
 def _builtin(cfg: DataConfig) -> TokenData:
     """CPython's own documentation topics: ships with Python, so nothing is downloaded."""
     from pydoc_data.topics import topics
@@ -187,27 +171,16 @@ def _builtin(cfg: DataConfig) -> TokenData:
     return _corpus(texts, cfg, "builtin")
 
 
-def _expand(paths: list[str]) -> list[str]:
-    files: list[str] = []
-    for p in paths:
-        hits = sorted(glob.glob(os.path.expanduser(p), recursive=True))
-        hits = [h for h in hits if os.path.isfile(h)]
-        if not hits:
-            raise ConfigError(f"data.paths: no file matches {p!r}")
-        files.extend(hits)
-    return files
-
-
-@register_source("text", check=_check_text)
+@register_source("text")
 def _text(cfg: DataConfig) -> TokenData:
-    files = _expand(cfg.paths)
+    files = expand_paths(cfg.paths)
     texts = [Path(f).read_text(encoding="utf-8", errors="replace") for f in files]
     if not any(t.strip() for t in texts):
         raise ConfigError(f"data.paths: the files are empty ({', '.join(files)})")
     return _corpus(texts, cfg, "text")
 
 
-@register_source("hf", check=_check_hf)
+@register_source("hf")
 def _hf(cfg: DataConfig) -> TokenData:
     """Any `datasets` dataset (hub name or a local save_to_disk folder), packed with EOS, with a
     named tokenizer (``byte``: GPT-2's), a ``tokenizer.json`` file, or a BPE trained here (``bpe``)."""
