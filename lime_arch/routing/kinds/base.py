@@ -2,8 +2,10 @@
 
 A router (``lime_arch.routers``) says which buffered K/V heads layer l reads (``sources(l)``)
 and owns its coefficients; its *kind* says what those coefficients are and how the mixing runs.
-One kind is one ``RouterKind`` subclass in one module of this package, registered once with
-``register_kind`` (a single instance, e.g. ``LINEAR``); routers declare ``kind = LINEAR``. Nothing
+One kind is one ``RouterKind`` subclass in one module of this package named after it (the kind
+``same-head`` is ``same_head.py``), registered once with ``register_kind`` (a single instance,
+e.g. ``LINEAR``); routers declare it by name, torch-free (``kind = KindName("linear")``,
+``lime_arch.router_base``), and a built router's ``kind`` is the instance. Nothing
 outside the kind's module branches on it: the router, the accounting, the mixers, the KV-cache
 decoding and the compile ops ask the kind object.
 
