@@ -6,13 +6,16 @@ fast: ``make refusal-bench``, a measurement, not a test.)"""
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
+from scipy.stats import binom
 
-from tools.refusal_bench import TRIAL, cases
+from tools.refusal_bench import TRIAL, cases, median_interval
 
 ROOT = Path(__file__).resolve().parents[3]
 HEAVY = ("torch", "ray", "mlflow", "scipy", "pandas", "statsmodels", "datasets", "tokenizers")
@@ -85,3 +88,17 @@ out['text'] = buf.getvalue()
 """, tmp_path)
     assert out["rc"] == 0 and out["text"].rstrip().endswith("dry run: nothing was started")
     assert "24 trials" in out["text"] and "torch" in out["heavy"]  # the estimate counts FLOPs with the model
+
+
+@pytest.mark.parametrize("n", [3, 6, 9, 20, 51, 255])
+def test_the_benchmark_interval_is_the_binomial_order_statistics_one(n):
+    # the largest k with P(B <= k - 1) <= 2.5%, B ~ Binomial(n, 1/2): order statistics k and n + 1 - k
+    k = max((k for k in range(1, n // 2 + 1) if binom.cdf(k - 1, n, 0.5) <= 0.025), default=0)
+    xs = [float(i) for i in range(n)]
+    random.Random(n).shuffle(xs)
+    med, lo, hi, coverage = median_interval(xs)
+    assert med == (n - 1) / 2
+    if k:
+        assert (lo, hi) == (k - 1, n - k) and coverage == pytest.approx(1 - 2 * binom.cdf(k - 1, n, 0.5))
+    else:  # too few runs for 95%: the whole range, with the coverage it has
+        assert (lo, hi) == (0, n - 1) and coverage == pytest.approx(1 - 2 * 0.5 ** n)
