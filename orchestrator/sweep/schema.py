@@ -27,12 +27,14 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import VARIANT
-from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, Str
+from orchestrator.core.schema import CONFIG, Bool, Float, FieldError, Int, Mapping, Str
+from orchestrator.decide.verdict import margins_text, parse_margins
 from orchestrator.engine.config import TrainConfig, TrialConfig, set_dotted
 from orchestrator.engine.data import check_source
 from orchestrator.sweep.checks import (
     SEED,
     SearchParam,
+    check_decide,
     check_tune,
     format_value,
     key_of,
@@ -40,6 +42,7 @@ from orchestrator.sweep.checks import (
     parse_grid,
     parse_space,
     report_defaults,
+    same,
     search_seeds,
 )
 
@@ -63,6 +66,18 @@ RESERVED_NAMES = {"ray": "results/ray holds every sweep's Ray experiment",
                   "dashboard": "results/dashboard holds the dashboard check's screenshots",
                   "lime-train": "the MLflow experiment of `lime train`",
                   "lime-bench": "the MLflow experiment of `lime bench`"}
+
+
+def _margin_text(v: Any) -> str | None:
+    """A margin setting (a number, "1%", or a mapping metric -> either) -> its recorded text."""
+    try:
+        return margins_text(parse_margins(v, ""))
+    except ConfigError as e:
+        text = str(e)
+        raise FieldError(text[2:] if text.startswith(": ") else text.lstrip(".")) from None
+
+
+Margin = Annotated[Any, BeforeValidator(_margin_text)]
 
 
 def _empty_is_default(v: Any) -> Any:
@@ -124,6 +139,18 @@ class ReportSpec:
     mode: Literal["min", "max"] | None = None  # None: search.mode for the searched metric, else from its name
     tune: Annotated[Str | None, Field(description="an axis name of the grid (usually lr)")] = None
     paper: PaperRef = None  # the paper table the sweep mirrors (the report's fidelity section)
+    # the equivalence margin: a number (metric units), "1%" of the baseline's mean, or {metric: either}
+    margin: Margin = None
+
+
+@dataclass(kw_only=True, config=CONFIG)
+class DecideSpec:
+    """``decide:``: seeds in waves until every comparison is decided (``lime sweep run --until-decided``;
+    ``orchestrator.sweep.decide``). The file's ``grid.seed`` is the first wave."""
+
+    max_seeds: Annotated[Int, Field(ge=2, le=1000, description="an integer >= 2 (seeds per arm at most)")] = 32
+    wave: Annotated[Int, Field(ge=1, le=100, description="an integer >= 1 (seeds added per wave)")] = 2
+    margin: Margin = None  # overrides report.margin for the sweep
 
 
 @dataclass(kw_only=True, config=CONFIG)
@@ -160,15 +187,17 @@ class SweepSpec:
     report: _block(ReportSpec, "a mapping like {metric: final/val_loss, axis: router, baseline: none, alpha: 0.05}"
                    ) = field(default_factory=ReportSpec)
     analysis: _block(AnalysisSpec, "a mapping like {enabled: false}") = field(default_factory=AnalysisSpec)
+    decide: _block(DecideSpec, "a mapping like {max_seeds: 32, wave: 2, margin: 0.01}") | None = None
     path: str | None = field(default=None, init=False)  # the file it came from
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
     resolved: dict[str, Any] = field(default_factory=dict, init=False)  # the file with its extends applied
+    only: frozenset[str] | None = field(default=None, init=False)  # a subset of the grid's trial ids (waves)
 
     @property
     def report_stated(self) -> tuple[str, ...]:
         """The report settings the file (or a file it extends) writes; the others are defaults."""
         rep = self.resolved.get("report")
-        keys = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper")
+        keys = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper", "margin")
         return tuple(k for k in keys if isinstance(rep, dict) and k in rep)
 
     @field_validator("name")
@@ -196,6 +225,8 @@ class SweepSpec:
         r, grid = self.report, (None if self.search is not None else self.grid)
         r.axis, r.baseline = report_defaults(r.axis, r.baseline, self.axes(), grid, AUTO)
         check_tune(r.tune, r.axis, self.axes(), grid)
+        if self.decide is not None:
+            check_decide(self)
         if r.mode is None:
             searched = self.search is not None and self.search.metric == r.metric
             r.mode = self.search.mode if searched else metric_mode(r.metric)
@@ -244,6 +275,13 @@ class SweepSpec:
         check_source(cfg.data)  # files exist, task parameters fit: before Ray starts
         return cfg
 
+    def trial_ids(self) -> list[str]:
+        """The ids of ``trials()`` without building their configs."""
+        if self.search is not None:
+            return []
+        ids = [self.trial_id(dict(zip(self.grid, c))) for c in itertools.product(*self.grid.values())]
+        return [i for i in ids if self.only is None or i in self.only]
+
     def variant(self, name: Any) -> dict[str, Any]:
         """The overrides of a named variant (keys as written)."""
         variants = self.grid.get(VARIANT)
@@ -271,6 +309,8 @@ class SweepSpec:
         out = []
         for combo in itertools.product(*(self.grid[a] for a in axes)):
             params = dict(zip(axes, combo))
+            if self.only is not None and self.trial_id(params) not in self.only:
+                continue
             out.append(Trial(trial_id=self.trial_id(params), params=params, config=self.trial_config(params)))
         return out
 
@@ -280,6 +320,8 @@ class SweepSpec:
     def n_trials(self) -> int:
         if self.search is not None:
             return self.search.num_samples * self.search.repeat
+        if self.only is not None:
+            return len(self.trial_ids())
         return math.prod(len(v) for v in self.grid.values()) if self.grid else 1
 
     def axes(self) -> list[str]:
@@ -296,6 +338,25 @@ class SweepSpec:
             raise ConfigError("grid.seed: the sweep has no seed axis")
         new = copy.copy(self)
         new.grid = {a: (list(seeds) if a == axis else v) for a, v in self.grid.items()}
+        return new
+
+    def with_values(self, axis: str, values: list) -> SweepSpec:
+        """This grid sweep with only ``values`` of the grid axis ``axis`` (a wave of sequential seeds
+        runs the baseline and the undecided variants only; ids stay those of the full grid)."""
+        if axis not in self.grid:
+            raise ConfigError(f"grid.{axis}: not an axis of the sweep")
+        new = copy.copy(self)
+        old = self.grid[axis]
+        keep = [v for v in old if any(same(v, x) for x in values)]
+        new.grid = {a: ({k: old[k] for k in keep} if a == axis and isinstance(old, dict) else
+                        keep if a == axis else v) for a, v in self.grid.items()}
+        return new
+
+    def restricted(self, ids: set[str] | None) -> SweepSpec:
+        """This sweep with only the trials ``ids`` (the union of a sequential sweep's waves: no longer a
+        full cross product); None: every trial."""
+        new = copy.copy(self)
+        new.only = None if ids is None else frozenset(ids)
         return new
 
     def fingerprint(self) -> str:
