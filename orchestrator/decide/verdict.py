@@ -160,3 +160,26 @@ def margin_for(margins: dict[str | None, Margin], metric: str, report_metric: st
     if metric in margins:
         return margins[metric]
     return margins.get(None) if metric == report_metric else None
+
+
+def table_contradictions(rows: list[dict[str, Any]]) -> list[str]:
+    """Every row of a report's summary.csv or pairs.csv whose verdict its interval contradicts
+    (columns verdict, diff_ci_low, diff_ci_high, better, margin); [] when none does."""
+    out = []
+    for r in rows:
+        word = str(r.get("verdict", ""))
+        if word not in (BETTER, WORSE, EQUIVALENT, UNDECIDED, UNDECIDABLE):
+            continue
+        lo, hi, m = (_float(r.get(k)) for k in ("diff_ci_low", "diff_ci_high", "margin"))
+        why = contradiction(word, lo, hi, str(r.get("better", "lower")), m)
+        if why:
+            name = r.get("variant") if "variant" in r else f"{r.get('a')} vs {r.get('b')}"
+            out.append(f"{r.get('scope', '')}: {name}: {why}")
+    return out
+
+
+def _float(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan

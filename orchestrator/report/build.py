@@ -52,15 +52,15 @@ from typing import Any
 import pandas as pd
 
 from lime_arch.errors import ConfigError
-from orchestrator.core import tracking
+from orchestrator.core import record, tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
 from orchestrator.report import scaling, search
-from orchestrator.report.compare import across_seeds, by_seed, tuning, verdicts
+from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper.refs import reference_for
-from orchestrator.report.render import sections, tables
+from orchestrator.report.render import sections, sequential, tables
 from orchestrator.report.render.figures import make_plots, mean_router_map, router_map_from_npz
 from orchestrator.report.render.html import write_html
 from orchestrator.report.render.sections import ReportData
@@ -109,16 +109,23 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     sdf, tuned, notes = _tuned(df, choice, mode)
     comp, by_depth = _compare(sdf, choice, seed)
     blocks = _blocks(sdf, choice)
-    pa = by_seed.analyze(sdf, comp, blocks, mode)
-    depth_pairs = {d: (c, by_seed.analyze(_at_depth(sdf, d), c, blocks, mode)) for d, c in by_depth.items()}
+    pa = by_seed.analyze(sdf, comp, blocks, mode, choice.margin)
+    depth_pairs = {d: (c, by_seed.analyze(_at_depth(sdf, d), c, blocks, mode, choice.margin,
+                                          scope=f"n_layers={cell_text(d)}")) for d, c in by_depth.items()}
+    pa, depth_pairs, families = _families(pa, depth_pairs, choice, mode, seed)
     labels = _cells(df, comp, choice)
+    waves = record.decide_waves(found.parent.data.params) if found.parent is not None else {}
 
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv"]:
+    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv",
+                out_dir / "pairs.csv"]:
         old.unlink(missing_ok=True)
-    rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned)
+    rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned, families.sequential)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
+    pairs = [p for a in [pa] + [x for _, x in depth_pairs.values()] for p in tables.pair_rows(a, choice.metric)]
+    if pairs:
+        pd.DataFrame(pairs).to_csv(out_dir / "pairs.csv", index=False, float_format="%.10g", lineterminator="\n")
     plots, plot_notes = make_plots(cl, df, data.histories, labels, choice.metric, choice.axis,
                                    [g.value for g in comp.groups], out_dir, data.name)
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
@@ -128,7 +135,9 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
                         choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes,
-                        scal.lines, search.section(df, choice.folded, choice.metric, mode) if choice.folded else [])
+                        scal.lines, search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
+                        families=families, margin=choice.margin,
+                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [])
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
@@ -226,14 +235,25 @@ def _at_depth(df: pd.DataFrame, d: Any) -> pd.DataFrame:
     return df[df["n_layers"].map(lambda v: same_value(v, d))]
 
 
+def _families(pa: PairedAnalysis, by_depth: dict[Any, tuple[Comparison, PairedAnalysis]], choice: Choice,
+              mode: str, seed: int) -> tuple[PairedAnalysis, dict[Any, tuple[Comparison, PairedAnalysis]],
+                                             decisions.Families]:
+    """Every table's verdicts with the report's families: the comparisons with the baseline over the
+    pooled and every per-depth table, and all pairs of variants over the same tables."""
+    analyses, families = decisions.apply([pa] + [p for _, p in by_depth.values()], choice.alpha, mode,
+                                         choice.margin, sequential=choice.decide is not None,
+                                         seed=seed)
+    return analyses[0], {d: (c, p) for (d, (c, _)), p in zip(by_depth.items(), analyses[1:])}, families
+
+
 def _summary_rows(df: pd.DataFrame, comp: Comparison, pa: PairedAnalysis,
                   by_depth: dict[Any, tuple[Comparison, PairedAnalysis]],
-                  tuned: tuning.Tuning | None) -> list[dict[str, Any]]:
+                  tuned: tuning.Tuning | None, sequential: bool = False) -> list[dict[str, Any]]:
     rows = tables.group_rows(comp, df, "all")
-    tables.add_paired_columns(rows, pa)
+    tables.add_paired_columns(rows, pa, sequential=sequential)
     for d, (c, p) in by_depth.items():
         part = tables.group_rows(c, _at_depth(df, d), f"n_layers={cell_text(d)}")
-        tables.add_paired_columns(part, p)
+        tables.add_paired_columns(part, p, sequential=sequential)
         rows += part
     if tuned is not None:
         for row in rows:

@@ -19,6 +19,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from scipy import stats as sps
+
 from lime_arch.errors import ConfigError
 from orchestrator.core import tracking
 from orchestrator.core.fmt import cell_text, num, same_value
@@ -26,10 +28,48 @@ from orchestrator.report.compare import across_seeds, by_seed, verdicts
 from orchestrator.report.paper.refs import PaperRef, paper_effects
 from orchestrator.report.runs import add_key_columns, collect_runs, find_runs
 from orchestrator.report.settings import choose, from_parent_run
-from orchestrator.report.stats import power
+from orchestrator.report.stats import power, verdict_power
+from orchestrator.report.stats.verdict_power import verdict_seeds
 from orchestrator.report.stats.paired import friedman_min_p, kruskal_min_p, mann_whitney_min_p
 
 DEFAULT_RELATIVE = 0.01
+SD_CONFIDENCE = 0.9  # the one-sided upper confidence bound of a spread that plans use
+
+
+def sd_upper(sd: float, n: int, confidence: float = SD_CONFIDENCE) -> float:
+    """The one-sided upper confidence bound of a normal sd estimated from n values (chi-square):
+    planning with the point estimate under-sizes half the time."""
+    if n < 2 or not math.isfinite(sd):
+        return math.nan
+    return sd * math.sqrt((n - 1) / sps.chi2.ppf(1.0 - confidence, n - 1))
+
+
+def relative_effect(ref: PaperRef | None, metric: str, variant: Any) -> tuple[float, str]:
+    """The planner's default effect of one comparison: the paper's change where the sweep mirrors a
+    paper table, else 1% of the level."""
+    if ref is not None:
+        _, changes = paper_effects(ref, metric)
+        row = ref.match(variant)
+        if row is not None and row.label in changes:
+            return changes[row.label], f"the paper's change ({ref.title})"
+    return DEFAULT_RELATIVE, "1% of the baseline's mean"
+
+
+def fixed_design(pa, level: float, ref: PaperRef | None) -> tuple[int, str] | None:
+    """The seeds per arm a fixed-seed design needs so that every comparison of ``pa`` is decided with
+    80% power at ``level`` for the planner's default effect, with this sweep's sd (its upper bound)."""
+    need, why = [], ""
+    for r in pa.rows:
+        up = sd_upper(r.diff_sd, r.n)
+        if not math.isfinite(up) or not math.isfinite(r.base_mean):
+            continue
+        rel, why = relative_effect(ref, pa.metric, r.variant)
+        dz = abs(rel * r.base_mean) / up if up > 0 else math.inf
+        need.append(verdict_seeds(level, dz) or verdict_power.MAX_SEEDS)
+    if not need:
+        return None
+    return max(need), (f"the verdict rule's seeds for {why}, with 80% power and the {SD_CONFIDENCE:.0%} upper bound "
+                       "of each comparison's sd")
 
 
 @dataclass(frozen=True)
