@@ -29,8 +29,8 @@ from orchestrator.report.paper.refs import PaperRef, paper_effects
 from orchestrator.report.runs import add_key_columns, collect_runs, find_runs
 from orchestrator.report.settings import choose, from_parent_run
 from orchestrator.report.stats import power, verdict_power
-from orchestrator.report.stats.verdict_power import verdict_seeds
 from orchestrator.report.stats.paired import friedman_min_p, kruskal_min_p, mann_whitney_min_p
+from orchestrator.report.stats.verdict_power import verdict_seeds
 
 DEFAULT_RELATIVE = 0.01
 SD_CONFIDENCE = 0.9  # the one-sided upper confidence bound of a spread that plans use

@@ -16,7 +16,8 @@ param; without it, the logged baseline is treated as not stated.
 Optional params (a sweep launched before they existed has none, and gets the defaults):
 ``sweep.report.alpha`` (the significance level of the verdicts, default 0.05),
 ``sweep.report.mode`` (``min``/``max``: which direction is better; default from the metric's
-name), ``sweep.report.margin`` (the equivalence margin: without it no verdict says two variants match), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper.refs``;
+name), ``sweep.report.margin`` (the equivalence margin: without it no verdict says two variants
+match), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper.refs``;
 default from the sweep's name) and ``sweep.report.tune`` (an axis, usually ``lr``, along which
 each variant is compared at its own best value).
 

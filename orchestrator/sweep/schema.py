@@ -27,7 +27,7 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import VARIANT
-from orchestrator.core.schema import CONFIG, Bool, Float, FieldError, Int, Mapping, Str
+from orchestrator.core.schema import CONFIG, Bool, FieldError, Float, Int, Mapping, Str
 from orchestrator.decide.verdict import margins_text, parse_margins
 from orchestrator.engine.config import TrainConfig, TrialConfig, set_dotted
 from orchestrator.engine.data import check_source

@@ -46,8 +46,8 @@ from scipy import stats as sps
 from lime_arch.errors import ConfigError
 from orchestrator.core.fmt import is_number, order_key
 from orchestrator.core.status import TrialStatus
-from orchestrator.report.compare.results import Comparison, GroupSummary, Omnibus, PairTest
 from orchestrator.decide.intervals import t_interval
+from orchestrator.report.compare.results import Comparison, GroupSummary, Omnibus, PairTest
 from orchestrator.report.stats.multiplicity import holm
 from orchestrator.report.stats.ranks import (
     cliffs_delta,

@@ -35,13 +35,14 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.core.fmt import norm_value, order_key
-from orchestrator.report.compare import verdicts
-from orchestrator.report.compare.across_seeds import Comparison, Rows, exclusion
-from orchestrator.report.compare.results import FriedmanResult, PairedAnalysis, PairedRow
 from orchestrator.decide.families import BASELINE, Family
 from orchestrator.decide.verdict import Margin
+from orchestrator.report.compare import verdicts
+from orchestrator.report.compare.across_seeds import Comparison, Rows, exclusion
 from orchestrator.report.compare.decisions import decide_rows
+from orchestrator.report.compare.results import FriedmanResult, PairedAnalysis, PairedRow
 from orchestrator.report.stats.paired import friedman, friedman_min_p, sign_flip_test, wilcoxon
+
 WHY_PAIRED = ("a seed fixes the data order and the initial weights of every parameter the variants share, so "
               "the per-seed difference variant - baseline cancels the seed-to-seed variation")
 

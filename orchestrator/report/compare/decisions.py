@@ -90,7 +90,7 @@ def pair_rows(pa: PairedAnalysis, family: Family, mode: str, margin: Margin | No
     adjusted = holm(p)[0]
     base = {r.variant: r.base_mean for r in pa.rows}
     out = []
-    for (a, b, common, d), pv, ph in zip(samples, p, adjusted):
+    for (a, b, _, d), pv, ph in zip(samples, p, adjusted):
         iv = interval(d, family.level, sequential, seed)
         m = _abs_margin(margin, base.get(b, nan))
         v = verdict(iv, mode, m if math.isfinite(m) else None)

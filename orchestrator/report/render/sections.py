@@ -56,8 +56,8 @@ class ReportData:
 
 
 def markdown(r: ReportData) -> str:
-    parts = (header, search_section, results, verdict_section, sequential_section, statistics, tuning_section, paper_section, trials,
-             results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
+    parts = (header, search_section, results, verdict_section, sequential_section, statistics, tuning_section,
+             paper_section, trials, results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
     return "\n".join(line for part in parts for line in part(r)) + "\n"
 
 

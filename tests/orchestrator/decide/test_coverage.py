@@ -49,7 +49,7 @@ def _exponential(rng, shape):  # skewness 2, mean 0
 def coverage(draw, n: int, level: float, seed: int = 0) -> float:
     d = draw(np.random.default_rng([seed, n]), (SIMS, n))
     lo, hi = paired_intervals(d, level)
-    return float(np.mean((lo <= 0) & (0 <= hi)))
+    return float(np.mean((lo <= 0) & (hi >= 0)))
 
 
 @pytest.mark.parametrize("draw", [_normal, _gamma4, _contaminated], ids=["normal", "gamma4", "contaminated"])

@@ -59,7 +59,8 @@ def test_a_fixed_seed_report_with_a_margin(tmp_path, monkeypatch):
     pairs = pd.read_csv(out / "pairs.csv")
     assert len(pairs) == 1 and set(pairs["family"]) == {"all-pairs"} and (pairs["a"][0], pairs["verdict"][0]) == ("first-4", "worse")
     md = (out / "report.md").read_text()
-    assert "Equivalence margin: +-0.01" in md and "Screening" in md and "All pairs of variants" in md
+    assert "Equivalence margin: +-0.01" in md and "Screening" in md
+    assert "All pairs of variants" in md
     assert "**first-4**: equivalent to `none` within the margin +-0.01" in md
 
 
