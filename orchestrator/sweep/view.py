@@ -83,7 +83,12 @@ def dry_run_text(spec: SweepSpec, address: str | None = None) -> str:
     rep = spec.report
     tuned = f", each at its best {rep.tune}" if rep.tune else ""
     lines.append(f"report: {rep.metric} ({rep.mode}) by {rep.axis}, baseline {rep.baseline}{tuned}, alpha {rep.alpha:g}"
-                 + (f", paper {rep.paper}" if rep.paper else ""))
+                 + (f", paper {rep.paper}" if rep.paper else "") + (f", margin {rep.margin}" if rep.margin else ""))
+    if spec.decide is not None:
+        d = spec.decide
+        lines.append(f"until decided: the grid's seeds are the first wave, then {d.wave} more per wave for the "
+                     f"baseline and the undecided variants, up to {d.max_seeds} seeds per arm"
+                     + (f", margin {d.margin}" if d.margin else ""))
     lines += [f"warning: {w}" for w in warnings(spec, (cfg for _, cfg in rows), address)]
     # -- the statistics planner's block goes here: one call that appends its lines (what this
     #    design can show at these seed counts, loud when it cannot reach significance) --

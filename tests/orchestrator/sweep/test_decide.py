@@ -28,7 +28,8 @@ NOISE = [1.0, -1.0, 0.6, -0.6, 0.3, -0.3, 0.8, -0.8]
 def value(router: str, seed: int) -> float:
     """first-4 is 0.1 better on every seed; full differs by +-0.02 noise around 0."""
     shared = 3.0 + OFFSETS[seed % 8] + 0.01 * seed
-    return shared + {"none": 0.0, "first-4": -0.1 + 0.003 * NOISE[seed % 8], "full": 0.02 * NOISE[(seed * 3) % 8]}[router]
+    own = {"none": 0.0, "first-4": -0.1 + 0.003 * NOISE[seed % 8], "full": 0.02 * NOISE[(seed * 3) % 8]}
+    return shared + own[router]
 
 
 def make_spec(tmp_path, decide_block=None, seeds=6):
