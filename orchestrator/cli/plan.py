@@ -14,8 +14,8 @@ from typing import Any
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.fmt import cell_text
-from orchestrator.core.tracking import tracking_uri
 from orchestrator.core.keys import dotted
+from orchestrator.core.tracking import tracking_uri
 from orchestrator.report.paper.refs import reference_for
 from orchestrator.report.planner import Design, Spread, committed, pilot, plan_block, plan_text
 from orchestrator.sweep.spec import load_spec
