@@ -130,7 +130,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                                    [g.value for g in comp.groups], out_dir, data.name)
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
     scal = scaling.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
-                                out_dir, data.name, seed)
+                         out_dir, data.name, seed, margin=choice.margin)
     if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
         plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,

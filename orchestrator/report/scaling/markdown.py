@@ -89,8 +89,9 @@ def versus_lines(s: Scaling) -> list[str]:
             continue
         for i, (label, c, m, lo, hi, extra) in enumerate(v.at):
             tag = " (largest)" if i == len(v.at) - 1 else ""
-            rows.append([cell(v.line.label), cell(label) + tag, sci(c), _multiplier_text(m, lo, hi),
-                         "yes" if extra else "no"])
+            shown = (f"not identifiable: {v.unidentified[label]}" if label in v.unidentified
+                     else _multiplier_text(m, lo, hi))
+            rows.append([cell(v.line.label), cell(label) + tag, sci(c), shown, "yes" if extra else "no"])
         words.append("- " + _cross_text(v, s))
     head = ["variant", "at rung", "C", "multiplier [95% CI]", "baseline's curve extrapolated"]
     if not rows:
@@ -112,7 +113,7 @@ def _cross_text(v: Versus, s: Scaling) -> str:
     return f"`{v.line.label}` and `{v.base.label}`: the fitted curves cross at {', '.join(parts)}{share}."
 
 
-def depth_lines(views: list[depth.DepthView], metric: str, mode: str) -> list[str]:
+def depth_lines(views: list[depth.DepthView], metric: str, mode: str, margin=None) -> list[str]:
     if not views:
         return []
     out = ["", "### Depth (fixed width)", "",
@@ -131,7 +132,7 @@ def depth_lines(views: list[depth.DepthView], metric: str, mode: str) -> list[st
             diff = "-" if math.isnan(r.diff) else f"{num(r.diff, 3)} [{num(r.ci[0], 3)}, {num(r.ci[1], 3)}]"
             rows.append([str(r.depth), ms(r.base), ms(r.var), diff])
         out += table(["n_layers", f"{v.base.label} (baseline)", v.line.label, "difference [95% CI]"], rows)
-        out += [""] + [f"- {t}" for t in depth.statements(v, metric, mode)]
+        out += [""] + [f"- {t}" for t in depth.statements(v, metric, mode, margin)]
     return out
 
 
@@ -146,8 +147,9 @@ def summary(s: Scaling, views: list[depth.DepthView], metric: str) -> list[str]:
             label, c, m, lo, hi, _ = v.at[-1]
             cross = ("the curves do not cross" if not v.crossings
                      else f"the curves cross at {sci(v.crossings[0])} FLOPs")
-            out.append(f"- {name}: effective compute multiplier {_multiplier_text(m, lo, hi)} at {label} "
-                       f"(C = {sci(c)}); {cross}.")
+            mult = (f"not identifiable ({v.unidentified[label]})" if label in v.unidentified
+                    else _multiplier_text(m, lo, hi))
+            out.append(f"- {name}: effective compute multiplier {mult} at {label} (C = {sci(c)}); {cross}.")
     for res in s.lines:
         h = res.holdout
         if h is not None and h.reason is None:
@@ -165,7 +167,8 @@ def _size_words(lines: list[Line]) -> str:
     return ", ".join(f"`{k}`" for k in keys) or "tokens"
 
 
-def section(s: Scaling, views: list[depth.DepthView], metric: str, axis: str, plot: str | None) -> list[str]:
+def section(s: Scaling, views: list[depth.DepthView], metric: str, axis: str, plot: str | None,
+            margin=None) -> list[str]:
     lines = [res.line for res in s.lines]
     kinds = [k for k in ("C", "N", "ND") if any(k in res.fits for res in s.lines)]
     out = ["", "## Scaling", "",
@@ -196,7 +199,7 @@ def section(s: Scaling, views: list[depth.DepthView], metric: str, axis: str, pl
                 "reach the variant's fitted loss at C, divided by C (> 1: the variant is worth that much more "
                 "compute; inf: below the baseline's fitted floor E). The baseline's curve is extrapolated where "
                 "that compute lies beyond its largest rung.", ""] + vs
-    out += depth_lines(views, metric, s.mode)
+    out += depth_lines(views, metric, s.mode, margin)
     out += summary(s, views, metric)
     if plot:
         out += [f"![Scaling fits]({plot})", "",
