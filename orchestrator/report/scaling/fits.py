@@ -271,8 +271,8 @@ def versus(var: LineResult, base: LineResult) -> Versus:
         if math.isinf(m):
             out.unidentified[r.label] = (
                 f"the variant's fitted loss there ({num(float(fv.law.predict(r.c)), 4)}) is below the baseline's "
-                f"fitted floor E = {num(fb.law.E, 4)}: the fitted floors cross, so the infinity is an extrapolation of two "
-                "fits, not evidence")
+                f"fitted floor E = {num(fb.law.E, 4)}: the fitted floors cross, so the infinity is an extrapolation "
+                "of two fits, not evidence")
         elif share > INF_SHARE:
             out.unidentified[r.label] = (f"{100 * share:.0f}% of the bootstrap draws are infinite (more than "
                                          f"{100 * INF_SHARE:.0f}%): the interval has no upper end the data support")
