@@ -80,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     ss.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_status"))
 
     r = sub.add_parser("report", help="statistics, tables and plots of a finished sweep")
-    r.add_argument("sweep", help="sweep name (or a sweep file path)")
+    r.add_argument("sweep", nargs="?", help="sweep name (or a sweep file path)")
     r.add_argument("--out", default=os.environ.get("LIME_RESULTS") or "results",
                    help="reports go to OUT/<sweep>/ (default: $LIME_RESULTS, else results)")
     r.add_argument("--metric", help="metric to compare (default: the sweep file's, else final/val_loss)")

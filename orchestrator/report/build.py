@@ -278,3 +278,31 @@ def _tuned(df: pd.DataFrame, choice: Choice, mode: str) -> tuple[pd.DataFrame, t
         return df, None, [f"report.tune is the compared axis ({choice.tune}); no tuning applied"]
     sdf, tuned = tuning.select(df, choice.metric, choice.axis, choice.tune, mode, choice.baseline)
     return sdf, tuned, []
+
+
+@dataclasses.dataclass
+class SweepAnalyses:
+    """One sweep's paired tables before the families are applied (``orchestrator.report.pool``)."""
+
+    name: str
+    choice: Choice
+    mode: str
+    tables: list[PairedAnalysis]  # the pooled table, then one per depth
+
+
+def sweep_analyses(sweep: str, cl, seed: int = 0) -> SweepAnalyses:
+    """The paired tables of a sweep compared as its own report compares it (its parent run's settings)."""
+    found = find_runs(sweep, cl)
+    settings, _ = from_parent_run(cl, found.parent, sweep)
+    choice = choose(settings)
+    df = _runs_frame(collect_runs(found, choice.metric, cl), choice)
+    mode = verdicts.metric_mode(choice.metric, choice.mode)
+    if choice.folded:
+        choice = dataclasses.replace(choice, baseline=search.best(df, choice.metric, mode), explicit_baseline=True)
+    sdf, _, _ = _tuned(df, choice, mode)
+    comp, by_depth = _compare(sdf, choice, seed)
+    blocks = _blocks(sdf, choice)
+    tables = [by_seed.analyze(sdf, comp, blocks, mode, choice.margin)]
+    tables += [by_seed.analyze(_at_depth(sdf, d), c, blocks, mode, choice.margin, scope=f"n_layers={cell_text(d)}")
+               for d, c in by_depth.items()]
+    return SweepAnalyses(sweep, choice, mode, tables)

@@ -100,3 +100,20 @@ def test_no_committed_verdict_contradicts_its_interval(summary):
     if pairs.is_file():
         rows += list(csv.DictReader(open(pairs)))
     assert table_contradictions(rows) == []
+
+
+def test_pooled_sweeps_share_one_family(tmp_path, monkeypatch):
+    from orchestrator.cli import main
+    from orchestrator.report.pool import build_pool
+
+    _store(tmp_path, monkeypatch, "pool-a", {"none": (0.0, 0.0), "full": (-0.05, 0.01), "first-4": (0.0, 0.02)})
+    _store(tmp_path, monkeypatch, "pool-b", {"none": (0.0, 0.0), "full": (-0.05, 0.01)})
+    out = build_pool(["pool-a", "pool-b"], out=tmp_path / "r").parent
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert [(r["sweep"], r["variant"]) for r in rows] == [("pool-a", "first-4"), ("pool-a", "full"), ("pool-b", "full")]
+    assert {r["family_size"] for r in rows} == {"3"} and {r["evidence"] for r in rows} == {"pooled: pool-a, pool-b"}
+    assert all(float(r["ci_level"]) == pytest.approx(1 - 0.05 / 3) for r in rows)
+    assert table_contradictions(rows) == [] and [r["verdict"] for r in rows][1:] == [BETTER, BETTER]
+    md = (out / "report.md").read_text()
+    assert "Confirmation" in md and "### pool-a" in md and "### pool-b" in md
+    assert main(["report", "--pool", "pool-a"]) == 2 and main(["report", "x", "--pool", "pool-a,pool-b"]) == 2
