@@ -226,3 +226,17 @@ def test_a_multiplier_whose_fitted_floors_cross_is_not_identifiable():
     w = versus(NS(line=line, fits={"C": NS(law=var_law, boot=[var_law] * 10)}),
                NS(line=NS(rungs=[rung], label="none"), fits={"C": NS(law=low, boot=mixed)}))
     assert math.isfinite(w.at[0][2]) and "30% of the bootstrap draws are infinite" in w.unidentified["L8"]
+
+
+def test_the_stated_bootstrap_coverage():
+    # the numbers the scaling section prints (markdown.COVERAGE_NOTE), by simulation of the same
+    # percentile bootstrap (999 resamples) of a mean of n normal seeds
+    from orchestrator.report.scaling.markdown import COVERAGE_NOTE
+    from orchestrator.report.stats.intervals import bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    for n, stated in ((3, 0.76), (4, 0.79), (6, 0.87)):
+        d = rng.normal(size=(400, n))
+        cov = np.mean([lo <= 0 <= hi for lo, hi in (bootstrap_ci(x, 0.95, 999, i) for i, x in enumerate(d))])
+        assert abs(cov - stated) < 0.05, (n, cov)
+        assert f"{100 * stated:.0f}% at {n}" in COVERAGE_NOTE
