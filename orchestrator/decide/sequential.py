@@ -22,9 +22,9 @@ g = ``PRIOR_VAR``: the prior variance of the standardised effect d_z. 1 puts the
 effects of about one sd of the per-seed differences (the committed sweeps' effects have d_z 0.5-1.6);
 the expected number of seeds to a decision changes by under 10% for g in [0.5, 4]
 (``tests/orchestrator/decide/test_sequential.py`` measures it). The sequence assumes normal
-per-seed differences, as the t interval does; under the null its simulated error stays below a
-for normal, heavy-tailed (t3) and moderately skewed (gamma(4)) differences and exceeds it for
-strongly skewed (exponential) ones: docs/STATISTICS.md has the numbers.
+per-seed differences, as the t interval does; under the null its simulated error over 60 seeds is
+2.7% at a = 5% for normal differences, 1.8% for heavy-tailed (t3) ones and 5.2% for skewed (gamma(4))
+ones, more for stronger skew: docs/STATISTICS.md has the numbers.
 """
 from __future__ import annotations
 
