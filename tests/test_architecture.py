@@ -22,11 +22,12 @@ ALLOWED = {
     "analysis": {"core", "model"},
     "engine": {"core", "tasks", "analysis", "model"},
     "bench": {"core", "model"},
-    "sweep": {"core", "engine", "tasks", "model"},
-    "report": {"core", "analysis.torchfree", "model.errors"},
-    "cli": {"core", "tasks", "analysis", "engine", "bench", "sweep", "report", "model"},
+    "decide": {"core", "model.errors"},
+    "sweep": {"core", "decide", "engine", "tasks", "model"},
+    "report": {"core", "decide", "analysis.torchfree", "model.errors"},
+    "cli": {"core", "tasks", "analysis", "engine", "bench", "decide", "sweep", "report", "model"},
 }
-TORCH_FREE = ("orchestrator.core", "orchestrator.report", "orchestrator.analysis.metrics",
+TORCH_FREE = ("orchestrator.core", "orchestrator.decide", "orchestrator.report", "orchestrator.analysis.metrics",
               "orchestrator.analysis.plots", "orchestrator.tasks", "lime_arch.errors", "lime_arch.specs",
               "orchestrator.cli.bench",
               "orchestrator.bench.shapes", "orchestrator.bench.targets",
@@ -175,3 +176,5 @@ def test_the_layering_test_sees_a_forbidden_edge(tmp_path):
     assert _edge_ok("orchestrator.tasks.base", "lime_arch.specs")
     assert not _edge_ok("orchestrator.report.build", "lime_arch.specs")
     assert not _edge_ok("orchestrator.tasks.base", "lime_arch.routers")
+    assert not _edge_ok("orchestrator.decide.waves", "orchestrator.report.build")
+    assert not _edge_ok("orchestrator.decide.waves", "orchestrator.sweep.driver")

@@ -65,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--dry-run", action="store_true", help="print the trials and compute; start nothing")
     sr.add_argument("--add-seeds", metavar="N", help="grow the sweep by N seeds after its largest one: only the new "
                     "trials run, under the same MLflow parent run (the file is not rewritten)")
+    sr.add_argument("--until-decided", action="store_true",
+                    help="add seeds in waves until every comparison with the baseline is decided (anytime-valid "
+                    "confidence sequences; the same as a decide: block in the file)")
+    sr.add_argument("--max-seeds", metavar="N", help="with --until-decided: seeds per arm at most (default: the "
+                    "file's decide.max_seeds, else 32)")
+    sr.add_argument("--margin", metavar="M", help="with --until-decided: the equivalence margin, absolute (0.01) or "
+                    "a percentage of the baseline's mean (1%%); default: the file's decide.margin or report.margin")
     sr.add_argument("--connect-timeout", type=float, metavar="SECONDS",
                     help="give up connecting to --address after this long (default: $LIME_CONNECT_TIMEOUT, else 30)")
     sr.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_run"))
@@ -73,12 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
     ss.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_status"))
 
     r = sub.add_parser("report", help="statistics, tables and plots of a finished sweep")
-    r.add_argument("sweep", help="sweep name (or a sweep file path)")
+    r.add_argument("sweep", nargs="?", help="sweep name (or a sweep file path)")
     r.add_argument("--out", default=os.environ.get("LIME_RESULTS") or "results",
                    help="reports go to OUT/<sweep>/ (default: $LIME_RESULTS, else results)")
     r.add_argument("--metric", help="metric to compare (default: the sweep file's, else final/val_loss)")
     r.add_argument("--axis", help="axis to compare (default: the sweep file's, else router)")
     r.add_argument("--baseline", help="baseline value of the axis (default: the sweep file's, else none)")
+    r.add_argument("--pool", metavar="A,B,...", help="pool the pre-registered comparisons of these sweeps (the same "
+                   "axis, baseline and metric) into one report with one correction; written to OUT/pool-A-B")
     r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))
 
     pl = sub.add_parser("plan", help="what a sweep design can show, and the seeds per arm it needs")

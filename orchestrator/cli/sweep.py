@@ -6,7 +6,7 @@ import os
 from lime_arch import ConfigError
 from orchestrator.cli.plan import dry_run_block
 from orchestrator.core.tracking import tracking_uri
-from orchestrator.sweep import extend
+from orchestrator.sweep import decide, extend
 from orchestrator.sweep.driver import run_sweep
 from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.view import dry_run_text, experiment_dir, status_text
@@ -15,12 +15,18 @@ from orchestrator.sweep.view import dry_run_text, experiment_dir, status_text
 def cmd_run(args) -> int:
     add = _add_seeds(getattr(args, "add_seeds", None))
     spec = load_spec(args.file)  # every check; ConfigError -> one line, exit 2, nothing started
+    spec = decide.with_options(spec, getattr(args, "until_decided", False), getattr(args, "max_seeds", None),
+                               getattr(args, "margin", None))
+    if spec.decide is not None and add:
+        raise ConfigError("--add-seeds: a sweep run until decided adds its own seeds (waves); drop --add-seeds")
     address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None
     if args.dry_run:
         print(_dry_run(spec, address, add))
         return 0
-    summary = run_sweep(spec, address=address, add_seeds=add,
-                        connect_timeout=getattr(args, "connect_timeout", None))
+    timeout = getattr(args, "connect_timeout", None)
+    if spec.decide is not None:
+        return 0 if decide.run_until_decided(spec, address=address, connect_timeout=timeout)["ok"] else 1
+    summary = run_sweep(spec, address=address, add_seeds=add, connect_timeout=timeout)
     return 0 if summary["ok"] else 1
 
 

@@ -79,8 +79,9 @@ def _quiet_ray() -> None:
 # -- the driver -----------------------------------------------------------------------------------------
 def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Path | None = None,
               num_cpus: int | None = None, status_every: float = 15.0, add_seeds: int = 0,
-              connect_timeout: float | None = None) -> dict:
-    """Run (or resume, or grow by ``add_seeds`` seeds) a validated sweep; returns a summary dict
+              connect_timeout: float | None = None, only: list | None = None) -> dict:
+    """Run (or resume, or grow by ``add_seeds`` seeds, for the values ``only`` of the compared axis
+    when given: a wave of ``orchestrator.sweep.decide``) a validated sweep; returns a summary dict
     (``ok``, counts, parent run, best).
 
     Nothing is recorded before Ray is up: a failed connection leaves MLflow and the sweep's state
@@ -89,7 +90,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     exp_dir = experiment_dir(spec.name, results)
     if not address:
         _check_local_resources(spec)
-    spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds)  # refuses changed trials
+    spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds, only)  # refuses changed trials
     if grown:
         print(grown, flush=True)
     timeout = connect.connect_timeout(connect_timeout)

@@ -153,25 +153,42 @@ def compute_table(df: pd.DataFrame, labels: list[str]) -> list[str]:
     return table(["variant", "trials", "tokens", "FLOPs (3 x forward)", "wall time (s)"], rows)
 
 
+# diff_ci_low/high: the verdict's interval at ci_level (before issue 25 a 95% percentile bootstrap);
+# p_perm_holm, p_wilcoxon_holm, min_p_holm: Holm over the report's whole baseline family
 PAIRED_COLUMNS = ("verdict", "design", "n_pairs", "diff_mean", "diff_pct", "diff_sd", "d_z", "diff_ci_low",
                   "diff_ci_high", "p_perm", "p_perm_holm", "p_wilcoxon", "p_wilcoxon_holm", "min_p_holm", "mde",
-                  "mde_pct", "alpha", "better")
+                  "mde_pct", "alpha", "better", "ci_level", "ci_method", "family", "family_size", "margin",
+                  "within_margin", "seeds_design", "evidence")
 
 
-def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis) -> None:
+def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis, evidence: str = "screening (one sweep)",
+                       sequential: bool = False) -> None:
     """The paired comparison and verdict of each variant, as summary.csv columns (in place)."""
     nan = math.nan
     for row in rows:
         vals = dict.fromkeys(PAIRED_COLUMNS, nan)
         vals.update(design=pa.design, alpha=pa.alpha, better="lower" if pa.mode == "min" else "higher",
-                    verdict=verdicts.BASELINE if row["baseline"] else verdicts.UNTESTED)
+                    verdict=verdicts.BASELINE if row["baseline"] else verdicts.UNTESTED,
+                    seeds_design="sequential" if sequential else "fixed", evidence=evidence)
         hit = [r for r in pa.rows if same_value(r.variant, row["variant"])]
         if hit:
             r = hit[0]
             vals.update(verdict=r.verdict, n_pairs=r.n, diff_mean=r.diff_mean, diff_pct=r.diff_pct,
                         diff_sd=r.diff_sd, d_z=r.d_z, diff_ci_low=r.ci_low, diff_ci_high=r.ci_high,
                         p_perm=r.p_perm, p_perm_holm=r.p_perm_holm, p_wilcoxon=r.p_wilcoxon,
-                        p_wilcoxon_holm=r.p_wilcoxon_holm, min_p_holm=r.min_p_holm, mde=r.mde, mde_pct=r.mde_pct)
+                        p_wilcoxon_holm=r.p_wilcoxon_holm, min_p_holm=r.min_p_holm, mde=r.mde, mde_pct=r.mde_pct,
+                        ci_level=r.confidence, ci_method=r.method, family="baseline", family_size=r.family_size,
+                        margin=r.margin, within_margin=r.within_margin)
         elif not pa.paired and not row["baseline"]:
             vals["verdict"] = "no verdict (unpaired design)"
         row.update(vals)
+
+
+def pair_rows(pa: PairedAnalysis, metric: str, evidence: str = "screening (one sweep)") -> list[dict[str, Any]]:
+    """The all-pairs family's rows of one table, as pairs.csv rows (the same column names as summary.csv)."""
+    return [{"scope": p.scope, "metric": metric, "axis": pa.axis, "a": norm_value(p.a), "b": norm_value(p.b),
+             "verdict": p.verdict, "n_pairs": p.n, "diff_mean": p.diff_mean, "diff_sd": p.diff_sd, "d_z": p.d_z,
+             "diff_ci_low": p.ci_low, "diff_ci_high": p.ci_high, "ci_level": p.confidence, "ci_method": p.method,
+             "family": "all-pairs", "family_size": p.family_size, "p_perm": p.p_perm, "p_perm_holm": p.p_perm_holm,
+             "margin": p.margin, "within_margin": p.within_margin, "alpha": pa.alpha,
+             "better": "lower" if pa.mode == "min" else "higher", "evidence": evidence} for p in pa.pairs]

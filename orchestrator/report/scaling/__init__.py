@@ -42,7 +42,7 @@ class ScalingSection:
 
 def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str, baseline: Any, mode: str,
           factors: list[str], out_dir: Path, name: str, seed: int = 0,
-          n_boot: int | None = None) -> ScalingSection:
+          n_boot: int | None = None, margin: Any = None) -> ScalingSection:
     """The iso-FLOP and scaling sections of a report (see the module docstring)."""
     n_boot = fits.N_BOOT if n_boot is None else n_boot
     lines = build_lines(finished(df), metric, axis, baseline, factors)
@@ -61,7 +61,7 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
     s = fits.analyze(lines, mode, seed, n_boot)
     views = depth.depth_views(lines, samples, mode) if depth.is_depth_ladder(lines) else []
     out.plot = plot_scaling(s, out_dir / PLOT, metric, f"{name}: {metric} scaling").name
-    out.lines += markdown.section(s, views, metric, axis, out.plot)
+    out.lines += markdown.section(s, views, metric, axis, out.plot, margin)
     out.metrics.update(fits.metrics(s, slug))
     for v in views:
         pre = f"scaling/{slug(v.line.label)}"
