@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,16 @@ def task_manager(names: list[str], include: list[str], key: str = "eval"):
     tm = TaskManager(include_path=paths or None, include_defaults=False)
     if all(_known(tm, n) for n in names):
         return tm
-    return TaskManager(include_path=paths or None, include_defaults=True)
+    return _with_defaults(tuple(paths))
+
+
+@functools.lru_cache(maxsize=4)
+def _with_defaults(paths: tuple[str, ...]):
+    """A task manager over the harness's own tasks too: its index reads ~15,000 YAML files, so a
+    process (a sweep's evaluation worker) builds it once per set of include paths."""
+    from lm_eval.tasks import TaskManager
+
+    return TaskManager(include_path=list(paths) or None, include_defaults=True)
 
 
 def _known(tm, name: str) -> bool:

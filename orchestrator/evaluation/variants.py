@@ -7,8 +7,9 @@ training and ranks small models far more reliably (bits per byte: OLMo's downstr
 same requests as its task (the log-likelihood of every choice after the same few-shot context)
 and scores only the gold choice:
 
-- ``bpb``: its negative log-likelihood in bits per UTF-8 byte of its text,
-  ``-ll / (ln 2 * bytes(choice))`` (lower is better), averaged over examples;
+- ``bpb``: its negative log-likelihood in bits per UTF-8 byte of the text scored (the target
+  delimiter and the choice, `` four`` after ``Answer:``), ``-ll / (ln 2 * bytes)`` (lower is
+  better), averaged over examples;
 - ``nll``: its negative log-likelihood in nats (lower is better), averaged over examples.
 
 Both are means over examples, so the harness gives them its standard error of a mean. Bytes,
@@ -42,7 +43,9 @@ def gold_loss(task, doc, results) -> dict[str, float]:
     if g is None:
         return {"bpb": math.nan, "nll": math.nan}
     ll = float(results[g][0])
-    n_bytes = max(1, len(task.doc_to_choice(doc)[g].encode("utf-8")))
+    # the scored text is the target delimiter and the choice (" four" after "Answer:")
+    text = (task.config.target_delimiter or "") + task.doc_to_choice(doc)[g]
+    n_bytes = max(1, len(text.encode("utf-8")))
     return {"bpb": -ll / (math.log(2) * n_bytes), "nll": -ll}
 
 
