@@ -26,21 +26,35 @@ autocast on CUDA (the trainer's precision); log-probabilities are taken in fp32 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 
 import torch
 import torch.nn.functional as F
-from lm_eval import utils as lm_utils
-from lm_eval.api.model import TemplateLM
 
 from orchestrator.evaluation.generation import greedy_until
 
 log = logging.getLogger(__name__)
 
 
-class LimeLM(TemplateLM):
-    """A trained ``LIMeDecoder`` and its tokenizer as a harness model."""
+def LimeLM(model, tokenizer, **kwargs):  # noqa: N802 - it stands for the class
+    """A trained ``LIMeDecoder`` and its tokenizer as a harness model (an ``lm_eval`` ``TemplateLM``)."""
+    return lime_lm_class()(model, tokenizer, **kwargs)
+
+
+@functools.cache
+def lime_lm_class() -> type:
+    """``LimeRequests`` on the harness's ``TemplateLM`` (its tokenization of request pairs, its
+    cache hooks). Built on first use: importing this module does not import the harness, so the
+    sweep driver that dispatches evaluations stays light."""
+    from lm_eval.api.model import TemplateLM
+
+    return type("LimeLM", (LimeRequests, TemplateLM), {"__doc__": LimeRequests.__doc__})
+
+
+class LimeRequests:
+    """The harness's requests answered by a ``LIMeDecoder`` (the methods of ``LimeLM``)."""
 
     def __init__(self, model, tokenizer, *, batch_size: int = 16, max_length: int | None = None,
                  max_gen_toks: int = 256):
@@ -128,6 +142,8 @@ class LimeLM(TemplateLM):
         return whole[:-1], continuation
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        from lm_eval import utils as lm_utils
+
         windows, owner = [], []
         for k, (text,) in enumerate(req.args for req in requests):
             for ctx, cont in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(

@@ -13,17 +13,20 @@ definitions, drawn with fixed seeds from its own generators (the same examples o
   then the first two again: ``qab xel mor tiv qab xel``; the answer is the word that followed them
   the first time (``mor``). Greedy generation up to 6 tokens, stopped at a newline; the first word
   of it is matched. Only copying can answer (the words are random letters). 3-shot by default.
-- ``lime_pydoc_cloze`` (multiple choice, ``acc`` and ``acc_norm``): a passage of the built-in
-  corpus' held-out documents (Python's documentation topics, ``data.source: builtin``; the last
-  10% of its fixed document order, its validation split at the default ``val_fraction``, never
-  trained on), cut at a word boundary; the choices are its next four words and three spans of
-  four words from elsewhere in the held-out documents. Chance: 25%. 0-shot.
+- ``lime_pydoc_cloze`` (multiple choice, ``acc`` and ``acc_norm``): a passage of eight words
+  (at most 64 characters) of the built-in corpus' held-out documents (Python's documentation
+  topics, ``data.source: builtin``; the last 10% of its fixed document order, its validation split
+  at the default ``val_fraction``, never trained on); the choices are its next four words and
+  three spans of four words from elsewhere in the held-out documents (each at most 32
+  characters: some documentation "words" are long code or URLs, and an answer must fit a small
+  model's context). Chance: 25%. 0-shot. Scored: 200 passages whose hash is not in the train
+  share.
 
 Splits: every example's prompt falls into one of train/val/test by a hash of its text
-(``orchestrator.tasks.split_of``), so the few-shot pool (train) and the scored examples (test)
-never share a prompt. The files are written once per version under ``$LIME_CACHE/eval-tasks/``
-(atomically: concurrent evaluations may write the same files) and the folder is handed to the
-harness as an include path.
+(``orchestrator.tasks.split_of``), so the few-shot pool (train) and the scored examples (test;
+for the cloze val and test) never share a prompt. The files are written once per version under
+``$LIME_CACHE/eval-tasks/`` (atomically: concurrent evaluations may write the same files) and the
+folder is handed to the harness as an include path.
 """
 from __future__ import annotations
 
@@ -41,9 +44,11 @@ from orchestrator.engine.data.corpus import builtin_documents, cache_dir, split_
 from orchestrator.evaluation.suites import CLOZE, INDUCTION, KV
 from orchestrator.tasks import CharVocab, Example, KVRecallTask, Task, split_of
 
-VERSION = 1  # bump when a definition or its data changes: the files go to a new folder
+VERSION = 2  # bump when a definition or its data changes: the files go to a new folder
 SEED = 0
 N_TRAIN, N_TEST = 32, 200  # few-shot pool, scored examples
+# the cloze's passage in words, and its passage and choices at most so many characters
+CONTEXT_WORDS, MAX_CONTEXT, MAX_SPAN = 8, 64, 32
 
 
 class InductionCopy(Task):
@@ -104,9 +109,12 @@ def _cloze_docs(split: str, n: int) -> list[dict]:
         d = rng.randrange(len(docs_words))
         words = docs_words[d]
         start = rng.randrange(0, len(words) - 24)
-        context = " ".join(words[start:start + 12])
-        gold = " ".join(words[start + 12:start + 16])
-        if context in seen or split_of(context) != split:
+        context = " ".join(words[start:start + CONTEXT_WORDS])
+        gold = " ".join(words[start + CONTEXT_WORDS:start + CONTEXT_WORDS + 4])
+        # the few-shot pool is the hash's train share, the scored passages all the rest
+        if context in seen or (split_of(context) == "train") != (split == "train"):
+            continue
+        if len(context) > MAX_CONTEXT or len(gold) > MAX_SPAN:
             continue
         distractors: list[str] = []
         while len(distractors) < 3:
@@ -114,7 +122,7 @@ def _cloze_docs(split: str, n: int) -> list[dict]:
             ow = docs_words[o]
             s = rng.randrange(0, len(ow) - 4)
             cand = " ".join(ow[s:s + 4])
-            if cand != gold and cand not in distractors:
+            if cand != gold and cand not in distractors and len(cand) <= MAX_SPAN:
                 distractors.append(cand)
         choices = [gold, *distractors]
         rng.shuffle(choices)

@@ -12,11 +12,13 @@ import json
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.core import eval_names as names
 from orchestrator.core.tracking import client
-from orchestrator.evaluation.harness import Outcome
-from orchestrator.evaluation.settings import EvalSettings
+
+if TYPE_CHECKING:
+    from orchestrator.evaluation.harness import Outcome
 
 
 def done_keys(run) -> dict[str, str]:
@@ -26,12 +28,6 @@ def done_keys(run) -> dict[str, str]:
         if k.startswith(names.METRIC_PREFIX) and k.endswith("/config"):
             out[k[len(names.METRIC_PREFIX):-len("/config")]] = v
     return out
-
-
-def settings_hash(settings: EvalSettings, step: int) -> str:
-    """The ``eval/settings`` tag of a trial evaluated completely under ``settings`` at ``step``."""
-    blob = json.dumps({"settings": settings.to_dict(), "step": int(step)}, sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def log_outcome(run_id: str, outcome: Outcome, *, settings_tag: str | None = None, cl=None) -> None:

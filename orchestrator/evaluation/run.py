@@ -15,8 +15,8 @@ from orchestrator.engine.schedule import pick_device
 from orchestrator.evaluation.checks import Resolved, resolve
 from orchestrator.evaluation.harness import Outcome, evaluate
 from orchestrator.evaluation.loading import Trained, checkpoint_file, load_trained
-from orchestrator.evaluation.record import done_keys, log_outcome, mark_complete, settings_hash
-from orchestrator.evaluation.settings import EvalSettings
+from orchestrator.evaluation.record import done_keys, log_outcome, mark_complete
+from orchestrator.evaluation.settings import EvalSettings, settings_hash
 
 
 @dataclass

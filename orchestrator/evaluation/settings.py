@@ -78,6 +78,12 @@ class EvalSettings:
         return asdict(self)
 
 
+def settings_hash(settings: EvalSettings, step: int) -> str:
+    """The ``eval/settings`` tag of a trial evaluated completely under ``settings`` at ``step``."""
+    blob = json.dumps({"settings": settings.to_dict(), "step": int(step)}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 def eval_settings(data: Any, key: str = "eval") -> EvalSettings:
     """``EvalSettings`` from a mapping, or a ConfigError naming ``key`` and the field."""
     return validate(EvalSettings, data, prefix=f"{key}." if key else "", top=key or "eval")

@@ -30,6 +30,7 @@ from orchestrator.core.keys import VARIANT
 from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, Str
 from orchestrator.engine.config import TrainConfig, TrialConfig, set_dotted
 from orchestrator.engine.data import check_source
+from orchestrator.evaluation.settings import EvalSettings
 from orchestrator.sweep.checks import (
     SEED,
     SearchParam,
@@ -54,11 +55,12 @@ PaperRef = Annotated[Annotated[Str, Field(pattern="^[a-z0-9-]+$")] | None,
                                        "(such as table-1)")]
 # Names a sweep may not have: its results go to results/<name>/ and its Ray experiment to
 # results/ray/<name>/, so a sweep named after another folder of results/ would write into it
-# (ray: Ray's experiments; bench, analysis: `lime bench` and `lime analyze`; dashboard: the dashboard
-# check), and its MLflow experiment is named after it (lime-train, lime-bench: `lime train`'s and
-# `lime bench`'s experiments).
+# (ray: Ray's experiments; bench, analysis, eval: `lime bench`, `lime analyze` and `lime eval`;
+# dashboard: the dashboard check), and its MLflow experiment is named after it (lime-train,
+# lime-bench: `lime train`'s and `lime bench`'s experiments).
 RESERVED_NAMES = {"ray": "results/ray holds every sweep's Ray experiment",
                   "bench": "results/bench holds `lime bench`'s output",
+                  "eval": "results/eval holds `lime eval`'s output",
                   "analysis": "results/analysis holds `lime analyze`'s output",
                   "dashboard": "results/dashboard holds the dashboard check's screenshots",
                   "lime-train": "the MLflow experiment of `lime train`",
@@ -160,6 +162,10 @@ class SweepSpec:
     report: _block(ReportSpec, "a mapping like {metric: final/val_loss, axis: router, baseline: none, alpha: 0.05}"
                    ) = field(default_factory=ReportSpec)
     analysis: _block(AnalysisSpec, "a mapping like {enabled: false}") = field(default_factory=AnalysisSpec)
+    # downstream tasks of every finished trial's final checkpoint (orchestrator.sweep.evaluate);
+    # not part of the trials: adding it to a finished sweep evaluates, it trains nothing again
+    eval: Annotated[EvalSettings | None, Field(description="a mapping like {tasks: [paper-table-1], num_fewshot: 3}")
+                    ] = None
     path: str | None = field(default=None, init=False)  # the file it came from
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
     resolved: dict[str, Any] = field(default_factory=dict, init=False)  # the file with its extends applied

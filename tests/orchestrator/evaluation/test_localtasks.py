@@ -34,7 +34,8 @@ def test_every_local_task_is_a_harness_yaml_task_with_local_data(root):
         train, test = read(root, name, "train"), read(root, name, "test")
         assert len(train) == 32 and len(test) >= 100
         assert not {d["prompt"] for d in train} & {d["prompt"] for d in test}  # few-shot pool never scored
-        assert all(split_of(d["prompt"] + (" " if name == suites.INDUCTION else "")) == "test" for d in test)
+        scored = {"test", "val"} if name == suites.CLOZE else {"test"}  # the cloze scores all but train
+        assert all(split_of(d["prompt"] + (" " if name == suites.INDUCTION else "")) in scored for d in test)
     assert set(DEFINITIONS) == set(suites.LOCAL_TASKS)
 
 
@@ -62,7 +63,8 @@ def test_cloze_gold_is_the_text_that_follows_in_a_held_out_document(root):
         gold = d["choices"][d["gold"]]
         passage = d["prompt"] + " " + gold
         assert any(passage in t for t in held_out)
-        assert len(set(d["choices"])) == 4 and all(len(c.split(" ")) == 4 for c in d["choices"])
+        assert len(set(d["choices"])) == 4 and all(len(c.split(" ")) == 4 and len(c) <= 32 for c in d["choices"])
+        assert len(d["prompt"].split(" ")) == 8 and len(d["prompt"]) <= 64
     assert not any(docs[0]["prompt"] + " " + docs[0]["choices"][docs[0]["gold"]] in t for t in trained)
 
 
