@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from lime_arch import ConfigError
 from orchestrator.core.tracking import client
 from orchestrator.engine.schedule import pick_device
 from orchestrator.evaluation.checks import Resolved, resolve
@@ -34,10 +35,12 @@ def evaluate_checkpoint(path: str | Path, settings: EvalSettings, *, run_id: str
     sweep's skip of the whole trial next time)."""
     checkpoint_file(path)  # a missing checkpoint is one line before anything else
     resolved = resolved or resolve(settings, key)
+    cl = client() if log else None
+    if log and run_id:
+        _run(cl, run_id)  # a run that is not there is one line before the model loads
     trained = load_trained(path, pick_device(device))
     target = (run_id or trained.run_id) if log else None
-    cl = client() if target else None
-    skip = done_keys(cl.get_run(target)) if target else {}
+    skip = done_keys(_run(cl, target)) if target else {}
     outcome = evaluate(trained.model, trained.tokenizer, settings, skip=skip, resolved=resolved, key=key)
     if target:
         tag = settings_hash(settings, trained.step) if complete_tag else None
@@ -46,3 +49,11 @@ def evaluate_checkpoint(path: str | Path, settings: EvalSettings, *, run_id: str
         elif tag:
             mark_complete(target, tag, cl)
     return Evaluated(trained, outcome, target)
+
+
+def _run(cl, run_id: str):
+    try:
+        return cl.get_run(run_id)
+    except Exception:  # noqa: BLE001 - deleted, or of another store
+        raise ConfigError(f"run {run_id}: not a run of the MLflow store {getattr(cl, 'tracking_uri', '')} "
+                          "(set MLFLOW_TRACKING_URI, or --no-log)") from None

@@ -17,6 +17,7 @@ from orchestrator.core.tracking import client
 from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.train import Tracking, run_trial
 from orchestrator.evaluation.loading import load_trained
+from orchestrator.sweep.checkpoints import resolve_target
 from tests.orchestrator.evaluation.helpers import TINY
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -132,6 +133,16 @@ def test_a_hub_task_offline_fails_fast_in_one_line_before_the_model_loads(traine
     assert lines[-1].startswith("error: --tasks: task 'hub_task' needs the dataset")
     assert "HF_DATASETS_OFFLINE" in lines[-1]
     assert "attention:" not in out.stderr + out.stdout  # no model was built
+
+
+def test_a_lime_train_run_without_a_checkpoint_folder_finds_its_checkpoint(trained_run, capsys):
+    model = {k: v for k, v in TINY.items() if k != "vocab_size"}
+    cfg = TrialConfig.from_dict({"preset": "tiny", "model": model, "data": {"source": "builtin"},
+                                 "train": {"steps": 2, "batch_size": 2, "seq_len": 16, "eval_batches": 1}})
+    res = run_trial(cfg, tracking=Tracking(experiment="eval-test"))  # the trainer picks a temporary folder
+    assert resolve_target(res.run_id) == (Path(res.checkpoint), res.run_id)
+    assert main(["eval", str(res.checkpoint), "--tasks", "lime_kv", "--limit", "2", "--run-id", "nope"]) == 2
+    assert "run nope: not a run of the MLflow store" in capsys.readouterr().err
 
 
 def test_lime_export_of_a_run_id(trained_run, tmp_path, capsys):
