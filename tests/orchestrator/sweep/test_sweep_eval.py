@@ -50,6 +50,19 @@ def test_an_eval_block_changes_no_trial(tmp_path):
     assert plain.eval is None and with_eval.eval.tasks == ["lime-local"]
 
 
+def test_the_dry_run_says_what_will_be_evaluated(tmp_path, monkeypatch, capsys):
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("LIME_RESULTS", str(tmp_path / "results"))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
+    path = sweep_file(tmp_path, "dry", {"tasks": ["lime-local"], "num_fewshot": 1})
+    assert main(["sweep", "run", str(path), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert ("eval: after the trials, each finished trial's final checkpoint on lime_kv (1-shot), lime_induction "
+            "(1-shot), lime_pydoc_cloze (1-shot), with the gold-answer bits per byte") in out
+    assert out.rstrip().endswith("dry run: nothing was started")
+
+
 @pytest.mark.parametrize("block, message", [
     ({"tasks": ["lime_kv", "no such"]}, r"eval.tasks\[1\]: 'no such' is not a task or suite name"),
     ({"tasks": ["lime_kv"], "limit": -3}, r"eval.limit: must be an integer >= 1"),
