@@ -9,8 +9,11 @@ import pytest
 import yaml
 
 from lime_arch import ConfigError
+from orchestrator.engine.config import DataConfig
+from orchestrator.engine.data import make_batches
 from orchestrator.engine.data.corpus import builtin_documents, split_documents
 from orchestrator.evaluation import suites
+from orchestrator.evaluation.loading import trial_tokenizer
 from orchestrator.evaluation.localtasks import DEFINITIONS, write_local_tasks
 from orchestrator.evaluation.settings import eval_settings
 from orchestrator.tasks import split_of
@@ -106,3 +109,20 @@ def test_task_keys_change_with_what_decides_a_score():
     assert k != s.task_key("x", 0, 1.0) != s.task_key("x", 3, 2.0)
     assert k != eval_settings({"tasks": ["x"], "limit": 10}).task_key("x", 3, 1.0)
     assert k == eval_settings({"tasks": ["x"], "batch_size": 3}).task_key("x", 3, 1.0)  # batching changes nothing
+
+
+def test_the_trials_tokenizer_comes_back_without_reading_its_data(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty cache
+    assert trial_tokenizer(DataConfig(source="builtin")).encode("é!") == [195, 169, 33]
+    bpe = make_batches(DataConfig(source="builtin", tokenizer="bpe", bpe_vocab_size=300)).tokenizer
+    path = tmp_path / "tokenizer.json"
+    bpe.tok.save(str(path))
+    named = trial_tokenizer(DataConfig(source="hf", tokenizer=str(path)))  # a tokenizer.json of an hf trial
+    text = "def f(x):\n    return x"
+    assert named.encode(text) == bpe.encode(text) and named.eos_id == bpe.eos_id
+    again = trial_tokenizer(DataConfig(source="builtin", tokenizer="bpe", bpe_vocab_size=300))  # from the cache
+    assert again.encode(text) == bpe.encode(text)
+    with pytest.raises(ConfigError, match=r"data.tokenizer: the tokenizer 'gpt2' is not in the Hugging Face cache"):
+        trial_tokenizer(DataConfig(source="hf", tokenizer="byte"))  # offline: GPT-2's, not cached here
