@@ -133,8 +133,8 @@ def test_rolling_loglikelihood_predicts_every_token_once_in_disjoint_windows(n_b
     assert lm.stats["rolling_windows"] == math.ceil(len(t) / L)
 
 
-@pytest.mark.parametrize("router,depth_mix", [("none", "none"), ("full", "none"), ("first-2", "denseformer"),
-                                              ("full", "hyper-connections"), ("per-dim", "value-residual")])
+@pytest.mark.parametrize("router,depth_mix", [("none", "none"), ("full", "hyper-connections"),
+                                              ("per-dim", "value-residual")])
 def test_batched_greedy_generation_equals_decoding_each_prompt_alone(router, depth_mix):
     model = tiny_model(router, depth_mix)
     prompts = ["abc", "Hello there, general", "x", "def main():\n    "]

@@ -100,6 +100,7 @@ def test_export_never_overwrites(tmp_path):
         export(ck, tmp_path / "taken")
 
 
+@pytest.mark.slow  # the harness's Hugging Face backend starts accelerate: seconds
 def test_the_harness_hf_backend_scores_an_export_as_the_adapter_does(tmp_path, task_dir):
     """The harness's own Hugging Face model class on the exported folder: the same log-likelihood of
     every choice and the same generations as ``LimeLM`` on the project's model (an independent

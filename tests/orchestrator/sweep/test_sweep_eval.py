@@ -75,12 +75,13 @@ def test_a_bad_eval_block_is_one_line_with_the_file(tmp_path, block, message):
     assert str(e.value).startswith(str(tmp_path / "bad.yaml")) and "\n" not in str(e.value)
 
 
-def test_sweep_files_load_without_the_harness_or_transformers():
-    code = ("import sys; from orchestrator.sweep.spec import load_spec; import orchestrator.cli.sweep; "
-            "s = load_spec('sweeps/eval-cpu.yaml'); assert s.eval is not None; "
-            "print(sorted(k for k in ('lm_eval', 'transformers') if k in sys.modules))")
+def test_lime_help_and_sweep_files_load_without_the_harness_or_transformers():
+    loaded = "print(sorted(k for k in ('lm_eval', 'transformers', 'torch') if k in sys.modules))"
+    code = (f"import sys; from orchestrator.cli import build_parser; build_parser(); {loaded}; "
+            "from orchestrator.sweep.spec import load_spec; import orchestrator.cli.sweep; "
+            f"s = load_spec('sweeps/eval-cpu.yaml'); assert s.eval is not None; {loaded}")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
-    assert out.stdout.strip() == "[]", out.stderr
+    assert out.stdout.splitlines() == ["[]", "['torch']"], out.stderr  # the sweep layer needs torch, not the rest
 
 
 def test_preflight_refuses_synthetic_trials_and_unreachable_data(tmp_path, monkeypatch):
