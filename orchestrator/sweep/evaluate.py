@@ -8,7 +8,8 @@
   trial's resources (per worker), reading the trial's newest checkpoint in its Ray trial folder
   (``orchestrator.sweep.checkpoints``: on a cluster the Ray storage must be a shared path) and
   writing its scores to the trial's own MLflow run (``orchestrator.evaluation.record``). Its
-  output goes to ``eval.log`` beside the trial's ``trial.log``.
+  output goes to ``eval.log`` beside the trial's ``trial.log``. Relative ``eval.include`` folders
+  and the data files of their tasks are read from the folder the sweep was launched in.
 - Nothing is evaluated twice: a resumed or retried trial trains in its own run and is evaluated
   once it is finished; a second launch skips runs tagged complete, and within a run tasks already
   scored under the same key (``eval/<task>/config``). A finished sweep launched again with a new
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -31,7 +33,7 @@ from orchestrator.core.status import TrialStatus
 from orchestrator.evaluation.checks import resolve
 from orchestrator.evaluation.loading import text_tokenizer_check
 from orchestrator.evaluation.run import evaluate_checkpoint
-from orchestrator.evaluation.settings import settings_hash
+from orchestrator.evaluation.settings import EvalSettings, settings_hash
 from orchestrator.sweep.checkpoints import trial_checkpoint
 from orchestrator.sweep.reporting import output_to
 from orchestrator.sweep.runs import child_runs
@@ -79,32 +81,49 @@ def pending(spec: SweepSpec, cl, exp_id: str, parent: str, exp_dir: Path) -> tup
     return todo, notes
 
 
-def evaluate_trial(spec: SweepSpec, uri: str, trial_id: str, run_id: str, checkpoint: str, tag: str,
-                   log_dir: str) -> dict:
+@dataclass(frozen=True)
+class Job:
+    """One trial's evaluation, everything a Ray task needs (plain values)."""
+
+    settings: EvalSettings
+    threads: int
+    uri: str  # the MLflow store
+    cwd: str  # where the sweep was launched: relative include folders and data files are from there
+    trial_id: str
+    run_id: str
+    checkpoint: str
+    tag: str  # the eval/settings tag once complete
+    log_dir: str  # the trial's Ray folder (eval.log)
+
+
+def evaluate_trial(job: Job) -> dict:
     """One trial's evaluation (a Ray task, or in-process): its scores on its run, its output in
     ``eval.log``; returns a summary (``ok``, the number of metrics logged, or the error)."""
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    t0 = time.monotonic()
-    with output_to(Path(log_dir) / EVAL_LOG):
-        print(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} evaluating {trial_id} (MLflow run {run_id}) from "
-              f"{checkpoint}", flush=True)
+    os.environ["MLFLOW_TRACKING_URI"] = job.uri
+    t0, before = time.monotonic(), os.getcwd()
+    with output_to(Path(job.log_dir) / EVAL_LOG):
+        print(f"=== {time.strftime('%Y-%m-%d %H:%M:%S')} evaluating {job.trial_id} (MLflow run {job.run_id}) from "
+              f"{job.checkpoint}", flush=True)
         try:
-            torch.set_num_threads(max(1, int(spec.resources.cpu)))
-            done = evaluate_checkpoint(checkpoint, spec.eval, run_id=run_id, complete_tag=True)
+            os.chdir(job.cwd)
+            torch.set_num_threads(job.threads)
+            done = evaluate_checkpoint(job.checkpoint, job.settings, run_id=job.run_id, complete_tag=True)
             n = len(done.outcome.metrics())
             print(f"logged {n} metrics; skipped (scored before): {done.outcome.skipped}; "
                   f"requests: {done.outcome.requests}", flush=True)
-            return {"trial": trial_id, "ok": True, "metrics": n, "seconds": time.monotonic() - t0}
+            return {"trial": job.trial_id, "ok": True, "metrics": n, "seconds": time.monotonic() - t0}
         except Exception as e:  # noqa: BLE001 - one trial's evaluation never fails the sweep
             traceback.print_exc()
             why = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            return {"trial": trial_id, "ok": False, "error": why, "seconds": time.monotonic() - t0}
+            return {"trial": job.trial_id, "ok": False, "error": why, "seconds": time.monotonic() - t0}
+        finally:
+            os.chdir(before)
 
 
 def finished_trials(spec: SweepSpec, cl, exp_id: str, parent: str, exp_dir: Path, uri: str,
                     runner=None) -> list[dict]:
-    """Evaluate the pending finished trials (``runner(jobs)``: Ray tasks by default) and print
-    what happened; returns the summaries."""
+    """Evaluate the pending finished trials (``runner(spec, jobs)``: Ray tasks by default) and
+    print what happened; returns the summaries."""
     if spec.eval is None:
         return []
     todo, notes = pending(spec, cl, exp_id, parent, exp_dir)
@@ -114,7 +133,9 @@ def finished_trials(spec: SweepSpec, cl, exp_id: str, parent: str, exp_dir: Path
         print("eval: every finished trial is evaluated already", flush=True)
         return []
     print(f"eval: {len(todo)} finished trial(s) to evaluate on {', '.join(spec.eval.tasks)}", flush=True)
-    jobs = [(spec, uri, tid, rid, ck, tag, str(exp_dir / trial_dirname(tid))) for tid, rid, ck, tag in todo]
+    threads = max(1, int(spec.resources.cpu))
+    jobs = [Job(spec.eval, threads, uri, os.getcwd(), tid, rid, ck, tag, str(exp_dir / trial_dirname(tid)))
+            for tid, rid, ck, tag in todo]
     results = (runner or ray_runner)(spec, jobs)
     for r in results:
         state = f"{r['metrics']} metrics logged" if r["ok"] else f"FAILED ({r['error']}; see {EVAL_LOG})"
@@ -128,7 +149,7 @@ def finished_trials(spec: SweepSpec, cl, exp_id: str, parent: str, exp_dir: Path
 
 def in_process(spec: SweepSpec, jobs: list[tuple]) -> list[dict]:
     """The evaluations one after another in this process (tests; no Ray)."""
-    return [evaluate_trial(*job) for job in jobs]
+    return [evaluate_trial(job) for job in jobs]
 
 
 def ray_runner(spec: SweepSpec, jobs: list[tuple]) -> list[dict]:
@@ -141,7 +162,7 @@ def ray_runner(spec: SweepSpec, jobs: list[tuple]) -> list[dict]:
     waiting, running, done = list(jobs), [], []
     while waiting or running:
         while waiting and len(running) < limit:
-            running.append(task.remote(*waiting.pop(0)))
+            running.append(task.remote(waiting.pop(0)))
         ready, running = ray.wait(running, num_returns=1)
         done += ray.get(ready)
     return sorted(done, key=lambda d: d["trial"])
