@@ -1,4 +1,4 @@
-"""The ``lime`` command line: train, sweep, report, plan, bench, analyze.
+"""The ``lime`` command line: train, sweep, report, plan, bench, eval, export, analyze.
 
 Argument definitions live here (cheap to import); each command's work is imported lazily from
 its module, so ``lime --help`` does not load Ray or MLflow. A ``ConfigError`` anywhere becomes
@@ -37,6 +37,27 @@ def plan_arguments(p: argparse.ArgumentParser) -> None:
                                                "(instead of --effect)")
     p.add_argument("--power", type=float, default=0.8, help="wanted power (default 0.8)")
     p.add_argument("--alpha", type=float, help="significance level (default: the file's report.alpha, else 0.05)")
+
+
+def eval_arguments(p: argparse.ArgumentParser) -> None:
+    """``lime eval``'s arguments (here, so that ``lime --help`` loads neither torch nor the harness)."""
+    p.add_argument("target", help="MLflow run id, or checkpoint file or folder")
+    p.add_argument("--tasks", required=True,
+                   help="comma-separated harness tasks and suites (paper-table-1, paper-glue, paper-qa, paper-360m, "
+                        "lime-local), e.g. arc_easy,lime_kv")
+    p.add_argument("--num-fewshot", type=int, help="shots for every task (default: the suite's, else the task's)")
+    p.add_argument("--limit", help="at most N examples per task, or a fraction in (0, 1)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
+    p.add_argument("--include", action="append", metavar="DIR",
+                   help="a folder of harness task YAML files (local task definitions); repeatable")
+    p.add_argument("--no-gold-loss", action="store_true",
+                   help="skip the gold answer's bits per byte and loss of multiple-choice tasks (<task>_bpb)")
+    p.add_argument("--max-length", type=int, help="context in tokens (default: the model's max_seq_len)")
+    p.add_argument("--max-gen-toks", type=int, default=256, help="generation budget of tasks that set none")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--run-id", help="MLflow run to log to (default: the checkpoint's)")
+    p.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    p.add_argument("--out", help="folder for the harness's results.json (default $LIME_RESULTS/eval/<run>)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +118,15 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bench", help="step time, memory, FLOPs and decode speed of every router")
     bench.add_arguments(b)  # torch-free: the benchmark itself loads when the command runs
     b.set_defaults(func=bench.cmd_bench)
+
+    e = sub.add_parser("eval", help="downstream tasks (LM Evaluation Harness) of a trained run or checkpoint")
+    eval_arguments(e)
+    e.set_defaults(func=_lazy("orchestrator.cli.eval:cmd_eval"))
+
+    x = sub.add_parser("export", help="a trained run or checkpoint as a Hugging Face transformers folder")
+    x.add_argument("target", help="MLflow run id, or checkpoint file or folder")
+    x.add_argument("--to", required=True, metavar="DIR", help="the folder to write (must be empty or new)")
+    x.set_defaults(func=_lazy("orchestrator.cli.export:cmd_export"))
 
     a = sub.add_parser("analyze", help="entropy, separability probe and router maps of checkpoints")
     a.add_argument("checkpoints", nargs="+", help="checkpoint files or folders (label=path to name them)")

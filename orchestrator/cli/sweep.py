@@ -56,7 +56,17 @@ def _dry_run(spec, address: str | None, add: int) -> str:
         return _before_last(text, f"warning: a run would refuse: {e}")
     # what the design can show (lime plan has the rest), then what a run would do to the sweep
     text = _before_last(dry_run_text(p.spec, address), dry_run_block(p.spec))
+    if spec.eval is not None:
+        text = _before_last(text, eval_line(spec))
     return _before_last(text, p.message) if p.message else text
+
+
+def eval_line(spec) -> str:
+    """The eval: block in one line (its tasks and data are checked when the sweep is launched)."""
+    tasks = ", ".join(f"{t} ({'default' if n is None else n}-shot)" for t, n in spec.eval.plan())
+    return (f"eval: after the trials, each finished trial's final checkpoint on {tasks}"
+            + (", with the gold-answer bits per byte of the multiple-choice ones" if spec.eval.gold_loss else "")
+            + "; tasks and data are checked at launch, before any training")
 
 
 def _before_last(text: str, line: str) -> str:

@@ -134,6 +134,8 @@ class MLflowHook(Hook):
         self.logger.flush()  # the run stays RUNNING: the trial continues on resume
 
     def on_end(self, t: Trainer, status: TrialStatus) -> None:
+        # where the final checkpoint is, so that a run id finds its model (lime eval, lime export)
+        self.logger.set_tags({"checkpoint_dir": str(t.ckpt_dir)})
         with tempfile.TemporaryDirectory() as d:
             for path in write_artifacts(t, Path(d)):
                 self.logger.log_artifact(path)

@@ -26,6 +26,9 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   view; ``orchestrator.report.scaling``, whose numbers also go to the parent run as
   ``scaling/...`` metrics);
 - representation-analysis metrics (``analysis/...``) when runs have them;
+- downstream tasks (``eval/...``) when runs have them: the Table 1 layout with paired verdicts
+  per task and for the average, and the paper's Table 1 directions (``orchestrator.report.evaluation``,
+  also ``evaluation.csv``);
 - the compute each variant used, the sweep's efficiency ratio and its trials' start-up
   (``orchestrator.report.efficiency``), the sweep file, git commits, library versions and seeds.
 
@@ -56,7 +59,7 @@ from orchestrator.core import record, tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import scaling, search
+from orchestrator.report import evaluation, scaling, search
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper.refs import reference_for
@@ -119,7 +122,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv",
-                out_dir / "pairs.csv"]:
+                out_dir / "pairs.csv", out_dir / "evaluation.csv"]:
         old.unlink(missing_ok=True)
     rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned, families.sequential)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
@@ -131,11 +134,14 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
     scal = scaling.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
                          out_dir, data.name, seed, margin=choice.margin)
+    # downstream tasks (eval/* metrics), when trials carry them: the Table 1 layout and its verdicts
+    evals = evaluation.section(sdf, choice.axis, comp.baseline, blocks, choice.alpha, seed, out_dir)
     if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
         plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
                         choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes,
-                        scal.lines, search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
+                        scal.lines + evals,
+                        search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
                         families=families, margin=choice.margin,
                         sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [])
     (out_dir / "report.md").write_text(sections.markdown(report))

@@ -28,11 +28,12 @@ PaperRef = Annotated[Annotated[Str, Field(pattern="^[a-z0-9-]+$")] | None,
                                        "(such as table-1)")]
 # Names a sweep may not have: its results go to results/<name>/ and its Ray experiment to
 # results/ray/<name>/, so a sweep named after another folder of results/ would write into it
-# (ray: Ray's experiments; bench, analysis: `lime bench` and `lime analyze`; dashboard: the dashboard
-# check), and its MLflow experiment is named after it (lime-train, lime-bench: `lime train`'s and
-# `lime bench`'s experiments).
+# (ray: Ray's experiments; bench, analysis, eval: `lime bench`, `lime analyze` and `lime eval`;
+# dashboard: the dashboard check), and its MLflow experiment is named after it (lime-train,
+# lime-bench: `lime train`'s and `lime bench`'s experiments).
 RESERVED_NAMES = {"ray": "results/ray holds every sweep's Ray experiment",
                   "bench": "results/bench holds `lime bench`'s output",
+                  "eval": "results/eval holds `lime eval`'s output",
                   "analysis": "results/analysis holds `lime analyze`'s output",
                   "dashboard": "results/dashboard holds the dashboard check's screenshots",
                   "lime-train": "the MLflow experiment of `lime train`",

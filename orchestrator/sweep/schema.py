@@ -31,6 +31,7 @@ from orchestrator.core.keys import VARIANT
 from orchestrator.core.validation import CONFIG, Int, Mapping, Str
 from orchestrator.engine.data import check_source
 from orchestrator.engine.trial_config import TrainConfig, TrialConfig, set_dotted
+from orchestrator.evaluation.settings import EvalSettings
 from orchestrator.sweep.blocks import (
     AUTO,
     RESERVED_NAMES,
@@ -86,6 +87,10 @@ class SweepSpec:
                    ) = field(default_factory=ReportSpec)
     analysis: _block(AnalysisSpec, "a mapping like {enabled: false}") = field(default_factory=AnalysisSpec)
     decide: _block(DecideSpec, "a mapping like {max_seeds: 32, wave: 2, margin: 0.01}") | None = None
+    # downstream tasks of every finished trial's final checkpoint (orchestrator.sweep.evaluate);
+    # not part of the trials: adding it to a finished sweep evaluates, it trains nothing again
+    eval: Annotated[EvalSettings | None, Field(description="a mapping like {tasks: [paper-table-1], num_fewshot: 3}")
+                    ] = None
     path: str | None = field(default=None, init=False)  # the file it came from
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
     resolved: dict[str, Any] = field(default_factory=dict, init=False)  # the file with its extends applied
