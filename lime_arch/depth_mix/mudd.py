@@ -18,7 +18,8 @@ with the paper's dense weights):
     their code does, (h // 64 + 1) * 64 (so 64 becomes 128);
   - init: W1 ~ N(0, 1/C) (fan-in normal), W2 = 0, b_i = e_last for every way ("current only"):
     each mixture is exactly the latest block output at step 0 (0 * X_j adds exactly nothing), so
-    step 0 is the baseline bit for bit;
+    step 0 computes the baseline's logits bit for bit (the gradients to rounding: the attention
+    norm's backward runs once per Q, K, V input and is summed after it);
   - separate RMSNorms of the Q, K and V inputs (``sepln``): Q reads the block's attention norm;
     K and V read it times a gain of their own (g_k, g_v, init 1), a reparametrisation of separate
     gains (w * g spans every gain) that keeps every shared weight's gradient the baseline's at
