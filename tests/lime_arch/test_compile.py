@@ -40,8 +40,10 @@ def _depth_mix_cases() -> list[str]:
     with ``full`` routing as ``full+<mix>``; none until that registry exists."""
     specs = getattr(lime_arch, "depth_mix_specs", None)
     # Dynamo traces the peers' stream mixing layer by layer: 20-70 s per case for DenseFormer and
-    # HC on 2 cores, so those run with the slow tests (make test-all); the others stay in make test
-    heavy = ("denseformer", "hyper-connections")
+    # HC on 2 cores, 17-23 s for mHC (its Sinkhorn rounds), 12-13 s for AttnRes (a read per source),
+    # so those run with the slow tests (make test-all); the others (MUDDFormer: 8 s, its separate
+    # K/V inputs through the decoder) stay in make test
+    heavy = ("denseformer", "hyper-connections", "mhc", "attn-res")
     return [pytest.param(f"full+{m}", marks=pytest.mark.slow) if m.startswith(heavy) else f"full+{m}"
             for m in specs()] if callable(specs) else []
 
