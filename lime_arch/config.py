@@ -43,7 +43,7 @@ class ModelConfig:
     # How layers reuse earlier hidden states or values (lime_arch.depth_mix): "none" (the plain
     # residual stream), "denseformer[-<dilation>[-<period>]]", "hyper-connections[-<rate>]",
     # "hyper-connections-static[-<rate>]", "hyper-connections-corl[-<rate>]", "value-residual",
-    # "value-residual-learned", "attn-res", "attn-res-block[-<blocks>]",
+    # "value-residual-learned", "attn-res", "attn-res-block[-<size>]",
     # "mhc[-<rate>[-<iters>[-<post_gain>]]]", "mhc-sigmoid[-...]", "mudd".
     depth_mix: str = "none"
     router_init: str = "paper"

@@ -16,13 +16,16 @@ so step 0 is the baseline with sublayer k's norm eps divided by (k + 1)^2 and th
 (2L + 1)^2 (checked in float64 with a negligible eps; at eps = 1e-5 and small activations the
 difference is not negligible, which is part of the method: its inputs are convex mixtures).
 
-Block AttnRes (``attn-res-block-<blocks>``, the paper's ~8 blocks by default): the 2L sublayers
-are cut into ``blocks`` consecutive blocks (sizes as equal as the count allows, boundaries at
-floor(m 2L / blocks)); a block summary b_m is the plain sum of its sublayers' outputs (a standard
-residual within the block), b_0 is the embedding. Sublayer k of block m reads the softmax mixture
-of the completed summaries b_0..b_m and, past the block's first sublayer, the running partial sum
-of block m; the final norm reads the mixture of all summaries. One block per sublayer is full
-AttnRes exactly. Memory: full AttnRes keeps every source (O(L C) per token, the same tensors the
+Block AttnRes (``attn-res-block-<size>``): the 2L sublayers are cut into consecutive blocks of
+``size`` sublayers (the last one shorter if size does not divide 2L; the authors' ``block_size``
+also counts attention and MLP sublayers). The default, 4 (two layers per block), gives the paper's
+~8 blocks at 16 layers, its 1B models' depth; a deeper model wants a larger size for 8 blocks
+(32 layers: ``attn-res-block-8``). A block summary b_{m+1} is the plain sum of block m's sublayer
+outputs (a standard residual within the block), b_0 is the embedding. Sublayer k of block m reads
+the softmax mixture of the completed summaries b_0..b_m and, past the block's first sublayer, the
+running partial sum of block m; the final norm reads the mixture of all summaries. Size 1 is full
+AttnRes exactly; a size of 2L or more is one block (every sublayer reads the embedding and the
+partial sum). Memory: full AttnRes keeps every source (O(L C) per token, the same tensors the
 sublayers' backward keeps anyway) and one normalised copy of each; the block variant keeps
 O(blocks C).
 
@@ -99,30 +102,20 @@ class AttentionResiduals(DepthMix):
 
 @register_depth_mix("attn-res-block")
 class BlockAttentionResiduals(AttentionResiduals):
-    """Block Attention Residuals over ``blocks`` blocks of consecutive sublayers: plain residuals
-    within a block, softmax attention over the block summaries and the running partial sum."""
+    """Block Attention Residuals, blocks of ``size`` consecutive sublayers: plain residuals within a
+    block, softmax attention over the block summaries and the running partial sum."""
 
-    arguments = (MixArg("blocks", 8),)
-    blocks: int
+    arguments = (MixArg("size", 4),)
+    size: int
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        K, N = 2 * self.n_layers, self.blocks
-        self.starts = [m * K // N for m in range(N)]  # first sublayer of each block
-        self.block_of = [max(m for m in range(N) if self.starts[m] <= k) for k in range(K)]
-
-    @classmethod
-    def check(cls, args: dict, n_layers: int) -> str | None:
-        if args["blocks"] > 2 * n_layers:
-            return (f"blocks {args['blocks']} exceeds the {2 * n_layers} sublayers of model.n_layers={n_layers} "
-                    f"(2 per layer)")
-        return None
+        self.n_blocks = -(-2 * self.n_layers // self.size)  # ceil(2L / size)
 
     def sources(self, k: int) -> int:
         if k == 2 * self.n_layers:
-            return self.blocks + 1
-        m = self.block_of[k]
-        return m + 1 + (k > self.starts[m])  # b_0..b_m, and the partial sum past the block's first sublayer
+            return self.n_blocks + 1
+        return k // self.size + 1 + (k % self.size > 0)  # b_0..b_m, and the partial sum past the block's first
 
     def sublayer(self, k: int, x: Tensor, fn: Callable[[Tensor], Tensor], memo: dict) -> Tensor:
         summaries, keys = memo["values"], memo["keys"]  # b_0 (the embedding) and the completed blocks
@@ -133,7 +126,7 @@ class BlockAttentionResiduals(AttentionResiduals):
             h = self.read(k, summaries + [partial], keys + [self.key(partial)])
         v = fn(h).to(summaries[0].dtype)
         partial = v if partial is None else partial + v
-        last = k + 1 == 2 * self.n_layers or self.block_of[k + 1] != self.block_of[k]
+        last = k + 1 == 2 * self.n_layers or (k + 1) % self.size == 0
         if last:  # the block is complete: its sum is a summary
             self._push(partial, memo)
             partial = None

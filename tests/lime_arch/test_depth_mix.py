@@ -51,7 +51,7 @@ def test_spec_strings_and_defaults(spec, cls, args):
     ("densformer", "model.depth_mix: unknown depth mix 'densformer'; registered: none, "
                    "denseformer[-<dilation>[-<period>]], hyper-connections[-<rate>], "
                    "hyper-connections-static[-<rate>], hyper-connections-corl[-<rate>], value-residual, "
-                   "value-residual-learned, attn-res, attn-res-block[-<blocks>], mhc[-<rate>[-<iters>[-<post_gain>]]], "
+                   "value-residual-learned, attn-res, attn-res-block[-<size>], mhc[-<rate>[-<iters>[-<post_gain>]]], "
                    "mhc-sigmoid[-<rate>[-<iters>[-<post_gain>]]], mudd"),
     ("denseformer-0", "model.depth_mix: 'denseformer-0' needs a positive integer for dilation, got 0"),
     ("denseformer-1-0", "model.depth_mix: 'denseformer-1-0' needs a positive integer for period, got 0"),

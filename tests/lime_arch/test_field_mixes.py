@@ -142,7 +142,7 @@ def test_attn_res_at_init_reads_the_baseline_stream_divided_by_the_count_of_sour
     torch.manual_seed(4)
     base = _sublayer_inputs(build_model(tiny("none", "full", norm_eps=1e-30)), idx)
     for spec, count in (("attn-res", [1, 2, 3, 4, 5, 6, 7, 8]),
-                        ("attn-res-block-3", [1, 2, 2, 3, 3, 3, 4, 4])):  # blocks {0,1}, {2,3,4}, {5,6,7}
+                        ("attn-res-block-3", [1, 2, 2, 2, 3, 3, 3, 4])):  # blocks {0,1,2}, {3,4,5}, {6,7}
         torch.manual_seed(4)
         got = _sublayer_inputs(build_model(tiny(spec, "full", norm_eps=1e-30)), idx)
         assert len(got) == len(base) == 8
@@ -153,7 +153,7 @@ def test_attn_res_at_init_reads_the_baseline_stream_divided_by_the_count_of_sour
 def test_attn_res_block_with_one_block_per_sublayer_is_full_attn_res(f64):
     idx = torch.randint(0, 256, (2, 9))
     out = []
-    for spec in ("attn-res", "attn-res-block-8"):
+    for spec in ("attn-res", "attn-res-block-1"):
         torch.manual_seed(5)
         model = build_model(tiny(spec, "full"))
         _randomise(model.depth_mix)
@@ -161,13 +161,16 @@ def test_attn_res_block_with_one_block_per_sublayer_is_full_attn_res(f64):
     torch.testing.assert_close(out[1], out[0], rtol=1e-13, atol=1e-13)
 
 
-def test_attn_res_block_partition_and_bad_counts():
-    mix = build_model(tiny("attn-res-block-3")).depth_mix
-    assert mix.starts == [0, 2, 5] and mix.block_of == [0, 0, 1, 1, 1, 2, 2, 2]
-    assert [mix.sources(k) for k in range(9)] == [1, 2, 2, 3, 3, 3, 4, 4, 4]  # k = 8: the final norm
-    with pytest.raises(ConfigError, match=r"^model.depth_mix: 'attn-res-block-9': blocks 9 exceeds the 8 sublayers "
-                                          r"of model.n_layers=4 \(2 per layer\)$"):
-        tiny("attn-res-block-9")
+def test_attn_res_block_partition_by_hand():
+    """Sources per reader (k = 8: the final norm): blocks of 3 sublayers at 4 layers are {0,1,2}, {3,4,5}, {6,7};
+    the default, 4, is two layers per block (8 blocks at 16 layers, the paper's 1B depth); 8 or more is one block."""
+    specs = ("attn-res-block-3", "attn-res-block", "attn-res-block-9")
+    sources = {s: [build_model(tiny(s)).depth_mix.sources(k) for k in range(9)] for s in specs}
+    assert sources == {"attn-res-block-3": [1, 2, 2, 2, 3, 3, 3, 4, 4], "attn-res-block": [1, 2, 2, 2, 2, 3, 3, 3, 3],
+                       "attn-res-block-9": [1, 2, 2, 2, 2, 2, 2, 2, 2]}
+    assert build_model(preset("tiny", n_layers=16, depth_mix="attn-res-block")).depth_mix.n_blocks == 8
+    with pytest.raises(ConfigError, match="needs a positive integer for size, got 0"):
+        tiny("attn-res-block-0")
 
 
 # -- MUDDFormer -------------------------------------------------------------------------------

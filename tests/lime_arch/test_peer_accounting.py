@@ -112,7 +112,7 @@ def test_field_parameter_counts_by_hand(spec, count):
     ("mhc", 2 * L * (4 * C * N4 + 4 * C + 16 * C + 4 * C) + 3 * C),
     ("mhc-2-5", 2 * L * (2 * C * 8 + 2 * C + 4 * C + 2 * C) + C),
     ("attn-res", 2 * C * sum(range(1, 2 * L + 2))),  # reader k has k + 1 sources, the final norm 2L + 1
-    ("attn-res-block-3", 2 * C * (1 + 2 + 2 + 3 + 3 + 3 + 4 + 4 + 4)),  # blocks {0, 1}, {2, 3, 4}, {5, 6, 7}
+    ("attn-res-block-3", 2 * C * (1 + 2 + 2 + 2 + 3 + 3 + 3 + 4 + 4)),  # blocks {0, 1, 2}, {3, 4, 5}, {6, 7}
     ("mudd", sum(C * MUDD_HID + MUDD_HID * w * (i + 2) + w * (i + 2) * C for i, w in enumerate([4, 4, 4, 1]))),
 ])
 def test_field_flops_by_hand(spec, macs):

@@ -210,15 +210,15 @@ class AttnResRef(Ref):
 
 
 class BlockAttnResRef(AttnResRef):
-    """Block AttnRes: N blocks of sublayers [floor(mK/N), floor((m+1)K/N)); sublayer k of block m reads
-    the embedding, the sums of blocks 0..m-1 and, if non-empty, the sum of block m's outputs so far."""
+    """Block AttnRes: blocks of S sublayers, [mS, (m+1)S) (the last one cut at 2L); sublayer k reads the
+    embedding, the sums of the blocks before its own and, if non-empty, the sum of its block's outputs so
+    far; the final norm the embedding and every block's sum."""
 
     def sources(self, k, emb, outs):
-        N, K = self.m.depth_mix.blocks, 2 * self.cfg.n_layers
-        bounds = [m * K // N for m in range(N + 1)]
-        m = N if k == K else max(j for j in range(N) if bounds[j] <= k)
-        done = [sum(outs[bounds[j]:bounds[j + 1]]) for j in range(m)]
-        partial = outs[bounds[m]:k] if k < K else []
+        S = self.m.depth_mix.size
+        start = k - k % S if k < 2 * self.cfg.n_layers else k  # the final norm: every block is complete
+        done = [sum(outs[i:min(i + S, start)]) for i in range(0, start, S)]
+        partial = outs[start:k]
         return [emb, *done] + ([sum(partial)] if partial else [])
 
 
@@ -269,11 +269,11 @@ REFERENCES = {"none": Ref, "denseformer": DenseFormerRef, "hyper-connections": H
               "value-residual": ValueResidualRef, "value-residual-learned": LearnedValueResidualRef,
               "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "attn-res": AttnResRef, "attn-res-block": BlockAttnResRef,
               "mudd": MUDDRef}
-# At 5 layers (10 sublayers) attn-res-block's default 8 blocks have sizes 1,1,1,2,1,1,1,2 and 3 blocks 3,3,4; with
-# one block every sublayer reads the embedding and the plain partial sum; 10 blocks is full AttnRes.
+# At 5 layers (10 sublayers) attn-res-block's default size 4 makes blocks of 4, 4, 2 and size 3 of 3, 3, 3, 1;
+# size 1 is full AttnRes; sizes 10 and 20 are one block (every sublayer reads the embedding and the partial sum).
 SPECS = [*depth_mix_specs(), "denseformer-2-1", "denseformer-1-2", "denseformer-2-3", "hyper-connections-2",
          "hyper-connections-static-3", "hyper-connections-corl-3", "mhc-2-5", "mhc-4-20-1", "mhc-sigmoid-3-7-1.5",
-         "attn-res-block-1", "attn-res-block-3", "attn-res-block-10"]
+         "attn-res-block-1", "attn-res-block-3", "attn-res-block-10", "attn-res-block-20"]
 
 
 def test_every_registered_depth_mix_has_a_reference():
