@@ -164,9 +164,9 @@ def test_torch_free_layers_do_not_import_torch_or_ray(mod):
 
 def test_the_layering_test_sees_a_forbidden_edge(tmp_path):
     # the checks above are only worth something if they can fail
-    assert not _edge_ok("lime_arch.model", "orchestrator.engine.train")
+    assert not _edge_ok("lime_arch.model", "orchestrator.engine.trial")
     assert not _edge_ok("orchestrator.report.build", "orchestrator.sweep.spec")
-    assert not _edge_ok("orchestrator.engine.train", "orchestrator.sweep.driver")
-    assert _edge_ok("orchestrator.sweep.driver", "orchestrator.engine.train")
+    assert not _edge_ok("orchestrator.engine.trial", "orchestrator.sweep.driver")
+    assert _edge_ok("orchestrator.sweep.driver", "orchestrator.engine.trial")
     assert _edge_ok("orchestrator.report.build", "lime_arch.errors")
     assert not _edge_ok("orchestrator.report.build", "lime_arch.model")

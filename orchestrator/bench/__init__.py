@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import importlib
 
-_EXPORTS = {"run_bench": "orchestrator.bench.run", "run_profile": "orchestrator.bench.profile"}
+_EXPORTS = {"run_bench": "orchestrator.bench.suite", "run_profile": "orchestrator.bench.profile"}
 __all__ = sorted(_EXPORTS)
 
 

@@ -56,7 +56,7 @@ def _method(info: dict) -> str:
             f"`flop_overhead` (forward routing and depth-mix FLOPs over the baseline's, seq {info['seq']}); "
             "target = 1.5 x FLOP % + 1. "
             "`peak MB`: peak resident memory of one step after a warm-up step, fresh subprocess per case "
-            "(see `orchestrator/bench/memory.py`). `ratio (min)`: fastest variant step / fastest none step. "
+            "(see `orchestrator/bench/peak_memory.py`). `ratio (min)`: fastest variant step / fastest none step. "
             "`routing MB` "
             "is the traffic of the routing's products and copies per step; `bw floor %` the time that traffic "
             "takes at the measured memory bandwidth (between writing a slot and reading it, the layers' weights "

@@ -15,7 +15,7 @@ import time
 import torch
 
 from lime_arch.model import KVCache, build_model
-from orchestrator.bench.memory import rss_peak
+from orchestrator.bench.peak_memory import rss_peak
 from orchestrator.bench.shapes import BATCH, DECODE_BATCHES, DECODE_ROUTERS, SEQ, VOCAB, Shape
 from orchestrator.bench.step import SharedBody, autocast, bench_cfg, clock
 

@@ -7,12 +7,12 @@ from pathlib import Path
 import numpy as np
 
 from lime_arch import ConfigError, build_model
+from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.plots import plot_entropy, plot_expected_source, plot_probe, plot_router_map
-from orchestrator.analysis.run import analyze_model
 from orchestrator.core.tracking import client
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.data import make_batches
-from orchestrator.engine.train import CKPT_NAME, load_checkpoint
+from orchestrator.engine.trial import CKPT_NAME, load_checkpoint
+from orchestrator.engine.trial_config import TrialConfig
 
 
 def _load(spec: str):

@@ -11,7 +11,7 @@ from typing import Any
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import dotted
-from orchestrator.report.paper import reference_for
+from orchestrator.report.paper.refs import reference_for
 from orchestrator.report.planner import Design, pilot, plan_block, plan_text
 from orchestrator.sweep.spec import load_spec
 

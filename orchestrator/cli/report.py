@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from lime_arch.errors import ConfigError
+from orchestrator.core.record import ReportSettings
 from orchestrator.report.build import build_report
-from orchestrator.report.settings import OPTIONAL, ReportSettings, SweepFile, axis_names
+from orchestrator.report.settings import SweepFile
+from orchestrator.sweep.mlflow_runs import sweep_record
 from orchestrator.sweep.spec import load_spec
-
-REPORT_KEYS = ("metric", "axis", "baseline")
 
 
 def cmd_report(args) -> int:
@@ -48,10 +48,7 @@ def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, SweepFil
         return path.stem, None, SweepFile(text=text, source=path.name, notes=[
             f"the sweep file does not validate with this code ({why}); the report settings are the "
             "launched sweep's (MLflow)"])
-    optional = {k: getattr(spec.report, k) for k in OPTIONAL if getattr(spec.report, k, None) is not None}
-    settings = ReportSettings(metric=spec.report.metric, axis=spec.report.axis, baseline=spec.report.baseline,
-                              axes=axis_names(spec.axes()), stated=frozenset(spec.report_stated),
-                              search=axis_names(spec.axes()) if spec.search is not None else (), **optional)
+    settings = sweep_record(spec).report_settings()
     return spec.name, settings, SweepFile(text=text, source=path.name)
 
 

@@ -9,9 +9,9 @@ from orchestrator.core import dashboard
 from orchestrator.core.fmt import num
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
-from orchestrator.engine.config import TrialConfig, parse_set, set_dotted
 from orchestrator.engine.data import make_batches
-from orchestrator.engine.train import Tracking, load_checkpoint, run_trial
+from orchestrator.engine.trial import Tracking, load_checkpoint, run_trial
+from orchestrator.engine.trial_config import TrialConfig, parse_set, set_dotted
 from orchestrator.sweep.files import FileError, read_yaml
 
 

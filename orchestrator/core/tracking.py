@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.dashboard import EXPERIMENT_TAGS
+from orchestrator.core.record import PARENT_RUN, end_run
 from orchestrator.core.status import TrialStatus
 
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
@@ -133,7 +134,7 @@ class RunLogger:
         else:
             t = {k: str(v) for k, v in (tags or {}).items()}
             if parent_run_id:
-                t["mlflow.parentRunId"] = parent_run_id
+                t[PARENT_RUN] = parent_run_id
             run = self.client.create_run(experiment_id(experiment, self.client), run_name=run_name, tags=t)
             self.run_id = run.info.run_id
         self._pending: list = []
@@ -178,5 +179,4 @@ class RunLogger:
         """Close the run: the trial's state as the ``status`` tag, its MLflow status from it."""
         status = TrialStatus(status)
         self.flush()
-        self.client.set_tag(self.run_id, "status", status.value)
-        self.client.set_terminated(self.run_id, status=status.mlflow)
+        end_run(self.client, self.run_id, status)

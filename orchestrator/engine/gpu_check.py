@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 
 from lime_arch import RouterKind, build_model, parse_router, preset, router_specs
-from orchestrator.engine.config import TrialConfig
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import TrialConfig
 
 STEPS = 20
 MODEL = {"n_layers": 8, "d_model": 256, "n_heads": 8, "n_kv_heads": 4, "ffn_dim": 688, "max_seq_len": 256}

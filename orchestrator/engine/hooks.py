@@ -26,9 +26,10 @@ import numpy as np
 import yaml
 
 from lime_arch import flops_per_token, param_counts
+from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.metrics import router_source_map
 from orchestrator.analysis.plots import plot_router_map
-from orchestrator.analysis.run import analyze_model
+from orchestrator.core import record
 from orchestrator.core.keys import ALIASES
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger, flatten, git_sha
@@ -47,7 +48,7 @@ class CallbackHook(Hook):
 
 class AnalysisHook(Hook):
     """Representation analysis of the final model (``analysis/*`` metrics, see
-    ``orchestrator.analysis.run``) on ``train.analyze_sequences`` validation sequences."""
+    ``orchestrator.analysis.analyze``) on ``train.analyze_sequences`` validation sequences."""
 
     def final_metrics(self, t: Trainer) -> dict[str, float]:
         tr = t.cfg.train
@@ -109,7 +110,7 @@ class MLflowHook(Hook):
     def _open(self, t: Trainer) -> None:
         mcfg, cfg = t.mcfg, t.cfg
         tags = {"router": mcfg.router, "preset": cfg.preset, "n_layers": mcfg.n_layers, "seed": cfg.train.seed,
-                "git_sha": git_sha(), "status": TrialStatus.RUNNING.value, **self.tags}
+                record.GIT_SHA: git_sha(), record.STATUS: TrialStatus.RUNNING.value, **self.tags}
         self.logger = RunLogger(self.experiment, run_id=t.run_id, run_name=self.run_name, tags=tags,
                                 parent_run_id=self.parent_run_id)
         t.run_id = self.logger.run_id

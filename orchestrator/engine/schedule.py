@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from lime_arch import param_groups
-from orchestrator.engine.config import OptimConfig
+from orchestrator.engine.trial_config import OptimConfig
 
 
 def lr_multiplier(step: int, *, schedule: str, warmup: int, total: int, min_ratio: float) -> float:

@@ -49,9 +49,9 @@ from typing import Any
 
 import torch
 
-from orchestrator.engine.config import DataConfig
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.trainer import Hook, Trainer
+from orchestrator.engine.trial_config import DataConfig
 
 PREFIX = "startup/"
 

@@ -28,9 +28,9 @@ import torch.nn.functional as F
 from lime_arch import build_model
 from orchestrator.core.status import TrialStatus
 from orchestrator.engine.checkpoint import CKPT_NAME, load_checkpoint, rng_state, save_checkpoint, set_rng_state
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.data import IGNORE, make_batches
 from orchestrator.engine.schedule import make_optimizer, peak_mem_mb, pick_device, seed_everything
+from orchestrator.engine.trial_config import TrialConfig
 
 
 @dataclass

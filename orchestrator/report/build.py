@@ -1,29 +1,29 @@
 """Sweep reports: MLflow runs -> statistics -> ``results/<sweep>/report.md``, ``summary.csv``, PNGs.
 
 ``build_report(sweep)`` (and ``lime report SWEEP``) reads the sweep's runs from MLflow, one row per
-trial, compares the metric across the values of one axis with ``orchestrator.report.stats`` and writes:
+trial, compares the metric across the values of one axis with ``orchestrator.report.compare.across_seeds`` and writes:
 
 - a header with the design, alpha and the baseline's init and lr;
 - a table like the paper's (variant, n, mean +- std, 95% CI, change vs baseline, step time, peak
   memory and parameter count with their change vs baseline);
 - a verdict per variant (better / worse / no detectable difference / cannot decide,
-  ``orchestrator.report.verdicts``) from the paired analysis (``orchestrator.report.paired``:
+  ``orchestrator.report.compare.verdicts``) from the paired analysis (``orchestrator.report.compare.by_seed``:
   seeds as blocks, Friedman, paired permutation and Wilcoxon tests, Holm, effect sizes), then
-  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``stats.compare``;
+  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``across_seeds.compare``;
 - with ``report.tune``, each variant at its own best value of the tuning axis
-  (``orchestrator.report.tuning``);
+  (``orchestrator.report.compare.tuning``);
 - for a search sweep, its configurations against the best one, and the winner named
   (``orchestrator.report.search``);
-- for a sweep that mirrors a paper result, "paper vs this run" (``orchestrator.report.fidelity``);
+- for a sweep that mirrors a paper result, "paper vs this run" (``orchestrator.report.paper.fidelity``);
 - every trial that is not a sample (failed, diverged, killed, running, no final metric), and
   every duplicate MLflow run of a trial with the run that was kept;
-- for depth sweeps (``n_layers`` varies) the same tables per depth (``stats.compare_by``) and the
+- for depth sweeps (``n_layers`` varies) the same tables per depth (``across_seeds.compare_by``) and the
   metric against depth;
 - plots: loss curves by step and by FLOPs, the final metric per seed, router heatmaps (mean over
   seeds of each run's normalized mean-|w| source map, from the ``router_weights.npz`` artifacts);
 - the iso-FLOP comparison (each variant at the baseline's final FLOP budget) and, when a variant
   was trained at several sizes, the scaling section (fits, multipliers, hold-out check, depth
-  view; ``orchestrator.report.scaling_report``, whose numbers also go to the parent run as
+  view; ``orchestrator.report.scaling``, whose numbers also go to the parent run as
   ``scaling/...`` metrics);
 - representation-analysis metrics (``analysis/...``) when runs have them;
 - the compute each variant used, the sweep's efficiency ratio and its trials' start-up
@@ -32,13 +32,13 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
 What is compared (metric, axis, baseline) comes from the sweep's parent run
 (``orchestrator.report.settings``) unless the caller passes ``settings`` (``lime report FILE``);
 ``--metric/--axis/--baseline`` override either. Reading the runs is ``orchestrator.report.runs``,
-the tables are ``orchestrator.report.tables``, the markdown ``orchestrator.report.sections``.
+the tables are ``orchestrator.report.render.tables``, the markdown ``orchestrator.report.render.sections``.
 
 Determinism: rows are sorted by trial, statistics are seeded, plots have fixed styles and no PNG
 metadata, and the body has no timestamps, so the same runs give byte-identical files.
 The files are also logged to the parent run under the artifact path ``report``, with
 ``report.html``: the same report with its plots embedded, which MLflow's artifact viewer renders
-(``orchestrator.report.html``).
+(``orchestrator.report.render.html``).
 """
 from __future__ import annotations
 
@@ -56,17 +56,19 @@ from orchestrator.core import tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import paired, scaling_report, search, sections, stats, tables, tuning, verdicts
-from orchestrator.report.html import write_html
-from orchestrator.report.paired_types import PairedAnalysis
-from orchestrator.report.paper import reference_for
-from orchestrator.report.plots import make_plots, mean_router_map, router_map_from_npz
-from orchestrator.report.runs import SweepRuns, add_key_columns, cast_param, collect_runs, find_runs, load_runs
-from orchestrator.report.sections import ReportData
-from orchestrator.report.settings import REPORT_DEFAULTS, Choice, ReportSettings, SweepFile, from_parent_run
+from orchestrator.report import scaling, search
+from orchestrator.report.compare import across_seeds, by_seed, tuning, verdicts
+from orchestrator.report.compare.results import Comparison, PairedAnalysis
+from orchestrator.report.paper.refs import reference_for
+from orchestrator.report.render import sections, tables
+from orchestrator.report.render.figures import make_plots, mean_router_map, router_map_from_npz
+from orchestrator.report.render.html import write_html
+from orchestrator.report.render.sections import ReportData
+from orchestrator.report.runs import SweepRuns, add_key_columns, collect_runs, find_runs, load_runs
+from orchestrator.report.settings import REPORT_DEFAULTS, Choice, ReportSettings, SweepFile, choose, from_parent_run
 
 __all__ = ["build_report", "library_versions", "ReportSettings", "SweepFile", "REPORT_DEFAULTS", "SweepRuns",
-           "load_runs", "cast_param", "mean_router_map", "router_map_from_npz"]
+           "load_runs", "mean_router_map", "router_map_from_npz"]
 LIBRARIES = ("torch", "numpy", "scipy", "pandas", "statsmodels", "matplotlib", "mlflow", "ray")
 
 
@@ -97,7 +99,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         settings, launched = from_parent_run(cl, found.parent, sweep)
         sweep_file = launched if sweep_file is None else SweepFile(
             sweep_file.text, sweep_file.source, sweep_file.notes + launched.notes)
-    choice = settings.choose(metric, axis, baseline)
+    choice = choose(settings, metric, axis, baseline)
     ref = reference_for(sweep, choice.paper)
     data = collect_runs(found, choice.metric, cl)
     df = _runs_frame(data, choice)
@@ -107,8 +109,8 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     sdf, tuned, notes = _tuned(df, choice, mode)
     comp, by_depth = _compare(sdf, choice, seed)
     blocks = _blocks(sdf, choice)
-    pa = paired.analyze(sdf, comp, blocks, mode)
-    depth_pairs = {d: (c, paired.analyze(_at_depth(sdf, d), c, blocks, mode)) for d, c in by_depth.items()}
+    pa = by_seed.analyze(sdf, comp, blocks, mode)
+    depth_pairs = {d: (c, by_seed.analyze(_at_depth(sdf, d), c, blocks, mode)) for d, c in by_depth.items()}
     labels = _cells(df, comp, choice)
 
     out_dir = Path(out) / sweep
@@ -120,7 +122,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     plots, plot_notes = make_plots(cl, df, data.histories, labels, choice.metric, choice.axis,
                                    [g.value for g in comp.groups], out_dir, data.name)
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
-    scal = scaling_report.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
+    scal = scaling.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
                                 out_dir, data.name, seed)
     if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
         plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
@@ -133,7 +135,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     if log_to_mlflow:
         if data.parent_run_id:
             cl.log_artifacts(data.parent_run_id, str(out_dir), artifact_path="report")
-            scaling_report.log(cl, data.parent_run_id, scal)
+            scaling.log(cl, data.parent_run_id, scal)
         else:
             print(f"note: sweep {sweep!r} has no parent run; the report is not logged to MLflow",
                   file=sys.stderr)
@@ -161,15 +163,16 @@ def _runs_frame(data: SweepRuns, choice: Choice) -> pd.DataFrame:
     return df
 
 
-def _compare(df: pd.DataFrame, choice: Choice, seed: int) -> tuple[stats.Comparison, dict[Any, stats.Comparison]]:
+def _compare(df: pd.DataFrame, choice: Choice, seed: int) -> tuple[Comparison, dict[Any, Comparison]]:
     """The comparison over all trials and, when depth varies (and is not the axis), per depth."""
     base, base_note = _pick_baseline(df, choice)
-    comp = stats.compare(df, metric=choice.metric, axis=choice.axis, baseline=base, seed=seed, alpha=choice.alpha)
+    comp = across_seeds.compare(df, metric=choice.metric, axis=choice.axis, baseline=base, seed=seed,
+                                alpha=choice.alpha)
     if base_note:
         comp.notes.insert(0, base_note)
     by_depth = {}
     if choice.axis != "n_layers" and "n_layers" not in choice.folded and _varies(df, "n_layers"):
-        by_depth = stats.compare_by(df, metric=choice.metric, axis=choice.axis, by="n_layers", baseline=base,
+        by_depth = across_seeds.compare_by(df, metric=choice.metric, axis=choice.axis, by="n_layers", baseline=base,
                                     seed=seed, alpha=choice.alpha)
     return comp, by_depth
 
@@ -204,7 +207,7 @@ def _pick_baseline(df: pd.DataFrame, choice: Choice) -> tuple[Any, str | None]:
                        f"using the first value, {values[0]!r}")
 
 
-def _cells(df: pd.DataFrame, comp: stats.Comparison, choice: Choice) -> list[str]:
+def _cells(df: pd.DataFrame, comp: Comparison, choice: Choice) -> list[str]:
     """Label every trial with its cell (the axis value plus every other factor that varies, as
     ``_cell``) and return the labels in report order: the comparison's group order, then values."""
     axis = choice.axis
@@ -223,8 +226,8 @@ def _at_depth(df: pd.DataFrame, d: Any) -> pd.DataFrame:
     return df[df["n_layers"].map(lambda v: same_value(v, d))]
 
 
-def _summary_rows(df: pd.DataFrame, comp: stats.Comparison, pa: PairedAnalysis,
-                  by_depth: dict[Any, tuple[stats.Comparison, PairedAnalysis]],
+def _summary_rows(df: pd.DataFrame, comp: Comparison, pa: PairedAnalysis,
+                  by_depth: dict[Any, tuple[Comparison, PairedAnalysis]],
                   tuned: tuning.Tuning | None) -> list[dict[str, Any]]:
     rows = tables.group_rows(comp, df, "all")
     tables.add_paired_columns(rows, pa)

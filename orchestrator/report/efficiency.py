@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from orchestrator.core import record
 from orchestrator.core.fmt import num, table
 
 PHASES = (
@@ -59,20 +60,20 @@ def _finite(values) -> np.ndarray:
 
 def efficiency(df: pd.DataFrame, parent_metrics: dict[str, float]) -> Efficiency | None:
     """The ratio's numbers, None when the parent run has no sweep wall time or no trial a wall."""
-    wall, slots = parent_metrics.get("sweep/wall_s"), parent_metrics.get("sweep/slots")
+    wall, slots = parent_metrics.get(record.SWEEP_WALL), parent_metrics.get(record.SLOTS)
     walls = _finite(df["wall_time_s"]) if "wall_time_s" in df.columns else np.zeros(0)
     if wall is None or not slots or not math.isfinite(wall) or not len(walls) or walls.sum() <= 0:
         return None
     pm = parent_metrics
-    return Efficiency(float(wall), float(walls.sum()), len(walls), int(slots), int(pm.get("sweep/launches", 1)),
-                      float(pm.get("sweep/ray_start_s", math.nan)))
+    return Efficiency(float(wall), float(walls.sum()), len(walls), int(slots), int(pm.get(record.LAUNCHES, 1)),
+                      float(pm.get(record.RAY_START, math.nan)))
 
 
 def startup_rows(df: pd.DataFrame) -> list[list[str]]:
     """One row per start-up phase the trials logged: phase, what, trials, median, max, total (s)."""
     rows = []
     for phase, what in (*PHASES, ("trial wall", "every attempt's time in its worker (trial/wall_s)")):
-        col = "trial/wall_s" if phase == "trial wall" else f"startup/{phase}_s"
+        col = record.TRIAL_WALL if phase == "trial wall" else f"startup/{phase}_s"
         v = _finite(df[col]) if col in df.columns else np.zeros(0)
         if len(v):
             rows.append([phase, what, str(len(v)), num(float(np.median(v)), 3), num(float(v.max()), 3),

@@ -7,10 +7,10 @@ design cannot reach significance. Given a spread (``sigma``: the standard deviat
 per-seed paired differences variant - baseline, in the metric's units; or read from a pilot
 sweep's finished runs) and an effect (relative, as a fraction of the metric's level, or
 absolute), it gives the seeds per arm for the wanted power, by seeded simulation of the very
-tests the report runs, with Holm over the comparisons (``orchestrator.report.power``).
+tests the report runs, with Holm over the comparisons (``orchestrator.report.stats.power``).
 
 Default effects: the paper's change for each variant where the sweep mirrors a paper table
-(``orchestrator.report.paper``, converted to the sweep's metric), else 1% of the metric's level
+(``orchestrator.report.paper.refs``, converted to the sweep's metric), else 1% of the metric's level
 (the pilot's baseline mean, else the paper's baseline value).
 """
 from __future__ import annotations
@@ -22,11 +22,12 @@ from typing import Any
 from lime_arch.errors import ConfigError
 from orchestrator.core import tracking
 from orchestrator.core.fmt import cell_text, num, same_value
-from orchestrator.report import paired, power, stats, verdicts
-from orchestrator.report.paired_tests import friedman_min_p, kruskal_min_p, mann_whitney_min_p
-from orchestrator.report.paper import PaperRef, paper_effects
+from orchestrator.report.compare import across_seeds, by_seed, verdicts
+from orchestrator.report.paper.refs import PaperRef, paper_effects
 from orchestrator.report.runs import add_key_columns, collect_runs, find_runs
-from orchestrator.report.settings import from_parent_run
+from orchestrator.report.settings import choose, from_parent_run
+from orchestrator.report.stats import power
+from orchestrator.report.stats.paired import friedman_min_p, kruskal_min_p, mann_whitney_min_p
 
 DEFAULT_RELATIVE = 0.01
 
@@ -182,14 +183,14 @@ def pilot(name: str, metric: str) -> tuple[float, float, str]:
     cl = tracking.client()
     found = find_runs(name, cl)
     settings, _ = from_parent_run(cl, found.parent, name)
-    choice = settings.choose(metric=metric)
+    choice = choose(settings, metric=metric)
     data = collect_runs(found, metric, cl)
     add_key_columns(data.frame, [choice.axis] + choice.grid_cols)
     df = data.frame
     if metric not in df.columns:
         raise ConfigError(f"plan: --pilot {name}: no run logs {metric!r}")
-    comp = stats.compare(df, metric=metric, axis=choice.axis, baseline=choice.baseline)
-    pa = paired.analyze(df, comp, ["seed"] + [c for c in choice.grid_cols if c != choice.axis])
+    comp = across_seeds.compare(df, metric=metric, axis=choice.axis, baseline=choice.baseline)
+    pa = by_seed.analyze(df, comp, ["seed"] + [c for c in choice.grid_cols if c != choice.axis])
     sds = [r.diff_sd for r in pa.rows if r.n >= 2 and math.isfinite(r.diff_sd)]
     if not pa.paired or not sds:
         raise ConfigError(f"plan: --pilot {name}: no variant shares 2 or more finished seeds with the baseline "

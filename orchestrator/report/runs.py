@@ -29,31 +29,15 @@ import numpy as np
 import pandas as pd
 
 from lime_arch.errors import ConfigError
-from orchestrator.core import tracking
+from orchestrator.core import record, tracking
 from orchestrator.core.fmt import norm_value
 from orchestrator.core.keys import FACTORS, dotted
+from orchestrator.core.record import FINAL_VAL_LOSS, cast_param
 from orchestrator.core.status import TrialStatus
 
-DEFAULT_METRIC = "final/val_loss"
+DEFAULT_METRIC = FINAL_VAL_LOSS
 HISTORY_KEYS = ("train/loss", "val/loss", "perf/step_time_ms", "perf/peak_mem_mb", "perf/train_mem_mb")
 MEMORY_KEYS = ("perf/train_mem_mb", "perf/peak_mem_mb")  # the report's memory column: the first a run has
-
-
-def cast_param(s: Any) -> Any:
-    """An MLflow param string back to a Python value (int, float, bool, None, else the string)."""
-    if not isinstance(s, str):
-        return s
-    t = s.strip()
-    if t == "None":
-        return None
-    if t in ("True", "False"):
-        return t == "True"
-    for conv in (int, float):
-        try:
-            return conv(t)
-        except ValueError:
-            pass
-    return s
 
 
 # ------------------------------------------------------------------------------ reading MLflow
@@ -70,19 +54,6 @@ class SweepRuns:
     duplicates: list[dict[str, Any]]
     notes: list[str]
     parent_metrics: dict[str, float] = field(default_factory=dict)  # the latest parent run's numbers (sweep/wall_s...)
-
-
-def _parent_numbers(parent) -> dict[str, float]:
-    """The parent run's metrics and its numeric ``sweep/*`` tags (wall time, slots, launches: tags so
-    that they are no chart beside the trials'; sweeps launched before logged them as metrics)."""
-    out = dict(parent.data.metrics)
-    for k, v in parent.data.tags.items():
-        if k.startswith("sweep/"):
-            try:
-                out[k] = float(v)
-            except ValueError:
-                pass
-    return out
 
 
 def _lookup(params: dict[str, Any], tags: dict[str, str], key: str) -> Any:
@@ -171,7 +142,7 @@ def find_runs(name: str, cl) -> FoundRuns:
     if exp is not None:
         exp_ids = [exp.experiment_id]
         runs = _search(cl, exp_ids, "")
-        other = [r for r in runs if r.data.tags.get("sweep") not in (None, name)]
+        other = [r for r in runs if r.data.tags.get(record.SWEEP) not in (None, name)]
         if other:
             notes.append(f"{len(other)} run(s) of experiment {name!r} carry another sweep tag "
                          "and were left out")
@@ -179,11 +150,11 @@ def find_runs(name: str, cl) -> FoundRuns:
     else:
         quoted = name.replace("'", "\\'")
         exp_ids = [e.experiment_id for e in cl.search_experiments()]
-        runs = _search(cl, exp_ids, f"tags.sweep = '{quoted}'") if exp_ids else []
+        runs = _search(cl, exp_ids, f"tags.{record.SWEEP} = '{quoted}'") if exp_ids else []
         exp_ids = sorted({r.info.experiment_id for r in runs})
         if not runs:
             raise ConfigError(f"report: no MLflow experiment or runs for sweep {name!r} in {uri}")
-    referenced = {r.data.tags.get("mlflow.parentRunId") for r in runs} & {r.info.run_id for r in runs}
+    referenced = {r.data.tags.get(record.PARENT_RUN) for r in runs} & {r.info.run_id for r in runs}
     parents = sorted((r for r in runs if _is_parent(r, referenced)),
                      key=lambda r: (r.info.start_time or 0, r.info.run_id))
     trials = [r for r in runs if not _is_parent(r, referenced)]
@@ -197,10 +168,10 @@ def find_runs(name: str, cl) -> FoundRuns:
 
 def _is_parent(r, referenced: set) -> bool:
     t = r.data.tags
-    role = (t.get("sweep_role") or t.get("lime.role") or t.get("role") or "").lower()
-    if r.info.run_id in referenced or role in ("parent", "sweep"):
+    role = record.role(t)
+    if r.info.run_id in referenced or role in (record.PARENT, "sweep"):
         return True
-    if "trial_id" in t or role == "trial":
+    if record.TRIAL_ID in t or role == record.TRIAL:
         return False
     return not any(k.startswith("train.") for k in r.data.params)
 
@@ -209,7 +180,7 @@ def collect_runs(found: FoundRuns, metric: str, cl) -> SweepRuns:
     """One frame row per trial (``metric`` decides which run of a trial is kept), histories."""
     groups: dict[str, list] = {}
     for r in found.trials:
-        groups.setdefault(r.data.tags.get("trial_id") or r.info.run_id, []).append(r)
+        groups.setdefault(r.data.tags.get(record.TRIAL_ID) or r.info.run_id, []).append(r)
     kept, duplicates = [], []
     for tid in sorted(groups):
         rs = sorted(groups[tid], key=lambda r: _rank(r, metric))
@@ -231,7 +202,7 @@ def collect_runs(found: FoundRuns, metric: str, cl) -> SweepRuns:
     return SweepRuns(found.name, found.tracking_uri, found.experiment_ids,
                      parent.info.run_id if parent else None, [p.info.run_id for p in found.parents],
                      frame, histories, duplicates, list(found.notes),
-                     _parent_numbers(parent) if parent else {})
+                     record.parent_numbers(parent) if parent else {})
 
 
 def load_runs(name: str, metric: str = DEFAULT_METRIC, cl=None) -> SweepRuns:
@@ -255,9 +226,9 @@ def _row(r, hist: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
     params = {k: cast_param(v) for k, v in r.data.params.items()}
     tags = r.data.tags
     row: dict[str, Any] = {
-        "trial_id": tags.get("trial_id") or r.info.run_id, "run_id": r.info.run_id,
+        "trial_id": tags.get(record.TRIAL_ID) or r.info.run_id, "run_id": r.info.run_id,
         "run_name": r.info.run_name, "status": _status(r), "mlflow_status": r.info.status,
-        "git_sha": tags.get("git_sha"),
+        "git_sha": tags.get(record.GIT_SHA),
     }
     for k in FACTORS + ("seed",):
         row[k] = _lookup(params, tags, k)

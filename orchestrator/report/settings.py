@@ -1,8 +1,8 @@
 """What a report compares, and the sweep file it shows, from the sweep's parent MLflow run.
 
-``lime sweep run`` logs on the parent run the report settings of the sweep file as params
-(``sweep.report.metric``, ``sweep.report.axis``, ``sweep.report.baseline``), its axes as written
-(``sweep.axes``, comma-separated) and the file itself as an artifact under ``sweep/``. A report
+``lime sweep run`` records on the parent run the report settings of the sweep file as params and
+its axes as written (``orchestrator.core.record``: ``SweepRecord.to_params``; a report reads them
+back with ``ReportSettings.from_params``), and the file itself as an artifact under ``sweep/``. A report
 takes its settings from those params and shows the file verbatim; it never parses the file (that
 is the sweep layer's job: ``lime report path/to/file.yaml`` loads the file in the CLI and hands
 the report explicit ``ReportSettings``). A sweep without a parent run, or whose parent lacks the
@@ -16,7 +16,7 @@ param; without it, the logged baseline is treated as not stated.
 Optional params (a sweep launched before they existed has none, and gets the defaults):
 ``sweep.report.alpha`` (the significance level of the verdicts, default 0.05),
 ``sweep.report.mode`` (``min``/``max``: which direction is better; default from the metric's
-name), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper``;
+name), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper.refs``;
 default from the sweep's name) and ``sweep.report.tune`` (an axis, usually ``lr``, along which
 each variant is compared at its own best value).
 
@@ -32,16 +32,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lime_arch.errors import ConfigError
+from orchestrator.core import record
 from orchestrator.core.keys import canonical, dotted
+from orchestrator.core.record import ReportSettings
 from orchestrator.core.tracking import quiet_downloads
-from orchestrator.report.runs import cast_param
 from orchestrator.report.search import CONFIG
-
-PARAM = "sweep.report."  # prefix of the report params on the parent run
-OPTIONAL = ("alpha", "mode", "paper", "tune")
-AXES_PARAM = "sweep.axes"
-SEARCH_PARAM = "sweep.search.metric"  # only a search sweep's parent has it
 
 
 @dataclass(frozen=True)
@@ -61,82 +56,34 @@ class Choice:
     folded: tuple[str, ...] = ()  # searched keys that are part of the compared configuration
 
 
-@dataclass(frozen=True)
-class ReportSettings:
-    """A sweep's report settings: the defaults, the parent run's params or a sweep file's."""
-
-    metric: str = "final/val_loss"
-    axis: str = "router"  # as written (alias or dotted key)
-    baseline: Any = "none"
-    axes: tuple[str, ...] = ()  # the sweep's grid (or search space) axes, canonical
-    stated: frozenset[str] | None = frozenset()  # what the file states of metric/axis/baseline; None: unknown
-    alpha: float = 0.05
-    mode: str | None = None
-    paper: str | None = None
-    tune: str | None = None
-    search: tuple[str, ...] = ()  # a search sweep's searched keys, canonical (empty: a grid)
-
-    def choose(self, metric: str | None = None, axis: str | None = None,
-               baseline: Any = None) -> Choice:
-        """Apply the command line's ``--metric/--axis/--baseline``; the sweep's baseline belongs
-        to the sweep's axis, so another axis starts from the default baseline."""
-        own_axis = canonical(str(self.axis))
-        chosen_axis = canonical(str(axis)) if axis else own_axis
-        if baseline is not None:
-            base, explicit, origin = baseline, True, "given"
-        elif chosen_axis != own_axis:
-            base, explicit, origin = DEFAULTS.baseline, False, "default"
-        else:
-            base = self.baseline
-            explicit = self.stated is not None and "baseline" in self.stated
-            origin = "default" if self.stated is not None else "sweep's"
-        grid_cols = [g for g in self.axes if g not in ("seed", "train.seed")]
-        if self.search and axis is None and not (self.stated and "axis" in self.stated):
-            return Choice(metric=str(metric or self.metric), axis=CONFIG, baseline=None, explicit_baseline=False,
-                          baseline_origin="best", grid_cols=[], alpha=float(self.alpha), mode=self.mode,
-                          paper=self.paper, folded=tuple(g for g in self.search if g not in ("seed", "train.seed")))
-        return Choice(metric=str(metric or self.metric), axis=chosen_axis, baseline=base,
-                      explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols,
-                      alpha=float(self.alpha), mode=self.mode, paper=self.paper,
-                      tune=canonical(dotted(self.tune)) if self.tune else None)
-
-
 DEFAULTS = ReportSettings()
 REPORT_DEFAULTS = {"metric": DEFAULTS.metric, "axis": DEFAULTS.axis, "baseline": DEFAULTS.baseline}
 
 
-def axis_names(written: list[str]) -> tuple[str, ...]:
-    """Axes as a sweep file writes them (``model.n_layers``, ``router``) -> canonical names,
-    first occurrence kept."""
-    return tuple(dict.fromkeys(canonical(dotted(a)) for a in written))
-
-
-def settings_from_params(params: dict[str, str]) -> ReportSettings | None:
-    """The settings a parent run's params carry; None when it has none."""
-    keys = ("metric", "axis", "baseline")
-    if not all(PARAM + k in params for k in keys):
-        return None
-    axes = [a.strip() for a in params.get(AXES_PARAM, "").split(",") if a.strip()]
-    stated = None
-    if PARAM + "explicit" in params:
-        stated = frozenset(k.strip() for k in params[PARAM + "explicit"].split(",") if k.strip() in keys)
-    return ReportSettings(metric=params[PARAM + "metric"], axis=params[PARAM + "axis"],
-                          baseline=cast_param(params[PARAM + "baseline"]), axes=axis_names(axes),
-                          stated=stated, search=axis_names(axes) if SEARCH_PARAM in params else (),
-                          **optional_settings(params))
-
-
-def optional_settings(params: dict[str, str]) -> dict[str, Any]:
-    """alpha, mode, paper and tune from the parent run's params (absent or "None": the default)."""
-    out: dict[str, Any] = {}
-    for key in OPTIONAL:
-        v = cast_param(params.get(PARAM + key))
-        if v is None or v == "":
-            continue
-        if key == "alpha" and not (isinstance(v, float) and 0 < v < 1):
-            raise ConfigError(f"{PARAM}alpha: must be a number between 0 and 1, got {v!r}")
-        out[key] = float(v) if key == "alpha" else str(v)
-    return out
+def choose(settings: ReportSettings, metric: str | None = None, axis: str | None = None,
+           baseline: Any = None) -> Choice:
+    """Apply the command line's ``--metric/--axis/--baseline``; the sweep's baseline belongs to the
+    sweep's axis, so another axis starts from the default baseline."""
+    own_axis = canonical(str(settings.axis))
+    chosen_axis = canonical(str(axis)) if axis else own_axis
+    if baseline is not None:
+        base, explicit, origin = baseline, True, "given"
+    elif chosen_axis != own_axis:
+        base, explicit, origin = DEFAULTS.baseline, False, "default"
+    else:
+        base = settings.baseline
+        explicit = settings.stated is not None and "baseline" in settings.stated
+        origin = "default" if settings.stated is not None else "sweep's"
+    grid_cols = [g for g in settings.axes if g not in ("seed", "train.seed")]
+    if settings.search and axis is None and not (settings.stated and "axis" in settings.stated):
+        return Choice(metric=str(metric or settings.metric), axis=CONFIG, baseline=None, explicit_baseline=False,
+                      baseline_origin="best", grid_cols=[], alpha=float(settings.alpha), mode=settings.mode,
+                      paper=settings.paper,
+                      folded=tuple(g for g in settings.search if g not in ("seed", "train.seed")))
+    return Choice(metric=str(metric or settings.metric), axis=chosen_axis, baseline=base,
+                  explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols,
+                  alpha=float(settings.alpha), mode=settings.mode, paper=settings.paper,
+                  tune=canonical(dotted(settings.tune)) if settings.tune else None)
 
 
 @dataclass
@@ -171,10 +118,10 @@ def from_parent_run(cl, parent, name: str) -> tuple[ReportSettings, SweepFile]:
     if parent is None:
         return DEFAULTS, SweepFile(notes=["no parent run of the sweep in MLflow, so no report "
                                           f"settings: {_defaults_text()}"])
-    settings = settings_from_params(parent.data.params)
+    settings = ReportSettings.from_params(parent.data.params)
     sweep_file = launched_file(cl, parent.info.run_id, name)
     if settings is None:
-        sweep_file.notes.append(f"the parent run has no report settings ({PARAM}* params): "
+        sweep_file.notes.append(f"the parent run has no report settings ({record.REPORT}* params): "
                                 f"{_defaults_text()}")
         return DEFAULTS, sweep_file
     return settings, sweep_file

@@ -6,7 +6,7 @@ report compares a real axis against one of its values (tuning another axis, if i
 
 Each rule raises ``FieldError(message, at=...)`` with the location below the field it checks
 (``router[1]``) or, for rules between blocks, from the top of the file (``grid.lr``);
-``orchestrator.core.schema`` adds the rest of the key path.
+``orchestrator.core.validation`` adds the rest of the key path.
 """
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from typing import Any
 
 from lime_arch.config import ModelConfig
 from orchestrator.core.keys import ALIASES, VARIANT
-from orchestrator.core.schema import FieldError
-from orchestrator.engine.config import DataConfig, OptimConfig, TrainConfig
+from orchestrator.core.validation import FieldError
+from orchestrator.engine.trial_config import DataConfig, OptimConfig, TrainConfig
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
 DISTRIBUTIONS = ("loguniform", "uniform", "int", "choice")

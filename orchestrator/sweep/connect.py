@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from lime_arch.errors import ConfigError
-from orchestrator.sweep.runs import WORKER_ENV
+from orchestrator.sweep.mlflow_runs import WORKER_ENV
 
 TIMEOUT_ENV = "LIME_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT = 30.0

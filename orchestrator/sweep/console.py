@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from orchestrator.core.status import TrialStatus
-from orchestrator.sweep.runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR
+from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.view import fmt_time as _fmt_time
 

@@ -6,13 +6,13 @@
   becomes ``OptunaSearch`` (seeded TPE) wrapped in a ``Repeater`` (seeds), optionally with ASHA.
   Results and checkpoints live in ``<results>/ray/<sweep>/`` (``$LIME_RESULTS``, default
   ``results``); each trial folder also holds the trial's own log (``trial.log``).
-- Every trial is ``orchestrator.sweep.trial``'s trainable around the engine's ``run_trial``;
+- Every trial is ``orchestrator.sweep.trainable``'s trainable around the engine's ``run_trial``;
   a retried or resumed trial continues from its newest checkpoint and keeps its MLflow run.
   Tune reuses worker processes across trials (``reuse_actors``; ``LIME_REUSE_WORKERS=0``: a
   fresh process per trial), restored experiments too.
 - The parent run gets the sweep's wall time (Tune's fit, summed over launches), the slots (trials
   at once), Ray's start and the launch count (``sweep/*``): the report's efficiency ratio.
-- MLflow (``orchestrator.sweep.runs``): one parent run per sweep (its id is kept in
+- MLflow (``orchestrator.sweep.mlflow_runs``): one parent run per sweep (its id is kept in
   ``<results>/ray/<sweep>/lime_sweep.json`` so it survives driver restarts), one child run per
   trial. Runs left ``RUNNING`` by a killed driver are closed on the next start and at the end;
   the summary at the end is ``orchestrator.sweep.finish``.
@@ -29,16 +29,17 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
-from orchestrator.core import dashboard
+from orchestrator.core import dashboard, record
+from orchestrator.core.record import end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
 from orchestrator.sweep import connect, extend
 from orchestrator.sweep.console import TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
-from orchestrator.sweep.runs import close_stale_runs, end_run, parent_run
+from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
+from orchestrator.sweep.mlflow_runs import close_stale_runs, parent_run
 from orchestrator.sweep.spec import SweepSpec
-from orchestrator.sweep.state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
-from orchestrator.sweep.trial import make_trainable
+from orchestrator.sweep.trainable import make_trainable
 from orchestrator.sweep.view import experiment_dir, ray_trials, upper_corner
 from orchestrator.sweep.workers import concurrent_slots, reuse_workers, trials_that_fit, tune_resources
 
@@ -175,11 +176,10 @@ def _log_wall(cl, parent: str, spec: SweepSpec, elapsed: float, ray_start_s: flo
     try:
         import ray
 
-        prior = float(cl.get_run(parent).data.tags.get("sweep/wall_s", 0.0)) if launch > 1 else 0.0
+        prior = (record.ParentTags.of(cl.get_run(parent).data.tags).wall_s or 0.0) if launch > 1 else 0.0
         slots = concurrent_slots(spec, ray.cluster_resources() if ray.is_initialized() else {}, spec.n_trials())
-        for key, value in (("sweep/wall_s", prior + elapsed), ("sweep/slots", slots),
-                           ("sweep/ray_start_s", ray_start_s), ("sweep/launches", launch)):
-            cl.set_tag(parent, key, repr(float(value)))
+        timing = record.ParentTags(wall_s=prior + elapsed, slots=slots, ray_start_s=ray_start_s, launches=launch)
+        timing.write(cl, parent)
     except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
         log.warning("sweep wall time not logged: %s", e)
 

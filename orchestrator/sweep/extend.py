@@ -1,7 +1,7 @@
 """Resuming a sweep, and growing its seed axis: only the new trials run, under the same parent run.
 
 A launch of a sweep that ran before continues it when the file defines the same trials (the
-fingerprint saved in ``lime_sweep.json``, ``orchestrator.sweep.state``). The one change allowed
+fingerprint saved in ``lime_sweep.json``, ``orchestrator.sweep.local_state``). The one change allowed
 is more seeds: ``grid.seed`` grown in the file, or ``lime sweep run FILE --add-seeds N`` (N new
 seeds after the largest one in effect; the file is not rewritten, so the state remembers them).
 Anything else that changes the trial set is refused, as is removing a seed that ran.
@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
+from orchestrator.core import record
 from orchestrator.core.tracking import client
 from orchestrator.sweep.files import resolved_yaml
-from orchestrator.sweep.runs import RAY_DONE
+from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state
+from orchestrator.sweep.mlflow_runs import RAY_DONE
 from orchestrator.sweep.schema import SweepSpec
-from orchestrator.sweep.state import STATE_FILE, read_state, write_state
 from orchestrator.sweep.view import ray_trials
 
 EXT_PREFIX = "extend-"
@@ -216,12 +217,12 @@ def _log_growth(spec: SweepSpec, parts: list[Part], ctx: dict) -> None:
     cl = client(ctx["uri"])
     parent = ctx["parent_run_id"]
     have = cl.get_run(parent).data.params
-    new = [Param(f"sweep.seeds.{p.name}", _fmt(p.seeds)) for p in parts[1:] if f"sweep.seeds.{p.name}" not in have]
+    new = [Param(record.SEED_EXTENSION + p.name, _fmt(p.seeds)) for p in parts[1:]
+           if record.SEED_EXTENSION + p.name not in have]
     if new:
         cl.log_batch(parent, params=new)
     axis = spec.seed_axis()
-    cl.set_tag(parent, "sweep.seeds", _fmt(spec.grid[axis]))
-    cl.set_tag(parent, "sweep.n_trials", str(spec.n_trials()))
+    record.ParentTags(seeds=_fmt(spec.grid[axis]), n_trials=str(spec.n_trials())).write(cl, parent)
     if new and spec.resolved:
         resolved = dict(spec.resolved)
         resolved["grid"] = {**(resolved.get("grid") or {}), axis: list(spec.grid[axis])}

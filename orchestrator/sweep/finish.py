@@ -10,9 +10,10 @@ each launch; so are the sweep's wall time and slots (``sweep/*``, ``orchestrator
 The report's ``scaling/*`` and ``isoflop/*`` numbers are metrics of the parent (the scaling fits as
 metrics) under names no trial logs, so none is a bar in a trial chart (``make dashboard-check``).
 
-Ray's saved experiment state is the truth for a resume: a trial RUNNING or PENDING there is
-unfinished (an interrupted sweep reports its stopped trials as terminated in memory, but saves
-them as running), and its MLflow run is marked killed: it continues on the next launch.
+Which trials this launch ended comes from Ray's saved experiment state: a trial RUNNING or PENDING
+there is unfinished (an interrupted sweep reports its stopped trials as terminated in memory, but
+saves them as running), and its MLflow run is marked killed: it continues on the next launch. What
+a sweep has recorded (and so how it resumes) is the MLflow record (``orchestrator.core.record``).
 """
 from __future__ import annotations
 
@@ -21,11 +22,12 @@ import math
 import tempfile
 from pathlib import Path
 
-from orchestrator.core import dashboard
+from orchestrator.core import dashboard, record
 from orchestrator.core.fmt import num
+from orchestrator.core.record import child_runs, end_run, run_status
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import tracking_uri
-from orchestrator.sweep.runs import RAY_DONE, RAY_ERROR, child_runs, close_stale_runs, end_run
+from orchestrator.sweep.mlflow_runs import RAY_DONE, RAY_ERROR, close_stale_runs
 from orchestrator.sweep.schema import SweepSpec
 from orchestrator.sweep.view import fmt_time, ray_trials
 
@@ -38,15 +40,14 @@ def finish(spec: SweepSpec, cl, exp_id: str, parent: str, grid, *, elapsed: floa
     unfinished = sum(1 for v in ray_status.values() if v not in (RAY_ERROR, RAY_DONE))
     unfinished += max(0, spec.n_trials() - len(ray_status))
     _close_interrupted(cl, exp_id, parent, ray_status)
-    rows = sorted(child_runs(cl, exp_id, parent), key=lambda r: r.data.tags.get("trial_id", ""))
+    rows = sorted(child_runs(cl, exp_id, parent), key=lambda r: r.data.tags.get(record.TRIAL_ID, ""))
     best = best_run(rows, metric, mode)
     ok = errors == 0 and unfinished == 0
     status = TrialStatus.FINISHED if ok else (TrialStatus.FAILED if errors else TrialStatus.KILLED)
     if best is not None:
         _log_best(cl, parent, metric, *best)
-    finished = sum(1 for r in rows if _status(r) is TrialStatus.FINISHED)
-    for k, v in (("trials_finished", finished), ("trials_failed", errors), ("trials_unfinished", unfinished)):
-        cl.set_tag(parent, k, str(v))
+    finished = sum(1 for r in rows if run_status(r) is TrialStatus.FINISHED)
+    record.ParentTags(counts=dict(zip(record.ParentTags.COUNTS, (finished, errors, unfinished)))).write(cl, parent)
     end_run(cl, parent, status)
     _print_table(rows, metric, best)
     print(f"sweep {spec.name}: {status} in {fmt_time(elapsed)}; {len(rows)} runs, {errors} failed"
@@ -54,8 +55,8 @@ def finish(spec: SweepSpec, cl, exp_id: str, parent: str, grid, *, elapsed: floa
           + f"; parent MLflow run {parent}; Ray results {exp_dir}")
     print("\n".join(dashboard.ui_lines(getattr(cl, "tracking_uri", None) or tracking_uri(), exp_id, view=True)))
     return {"ok": ok, "errors": errors, "unfinished": unfinished, "parent_run_id": parent, "elapsed_s": elapsed,
-            "best": (best[1].data.tags.get("trial_id"), best[0], best[1].info.run_id) if best else None,
-            "runs": {r.data.tags.get("trial_id"): r.info.run_id for r in rows}}
+            "best": (best[1].data.tags.get(record.TRIAL_ID), best[0], best[1].info.run_id) if best else None,
+            "runs": {r.data.tags.get(record.TRIAL_ID): r.info.run_id for r in rows}}
 
 
 def trial_states(grid, saved: dict[str, str], final_status: dict[str, str]) -> dict[str, str]:
@@ -83,7 +84,8 @@ def _close_interrupted(cl, exp_id: str, parent: str, ray_status: dict[str, str])
     close_stale_runs(cl, exp_id, parent, TrialStatus.KILLED, ray_status)
     keep = (TrialStatus.FINISHED, TrialStatus.DIVERGED, TrialStatus.KILLED)
     for run in child_runs(cl, exp_id, parent):
-        if ray_status.get(run.data.tags.get("trial_id", "")) not in (RAY_ERROR, RAY_DONE) and _status(run) not in keep:
+        ray_state = ray_status.get(run.data.tags.get(record.TRIAL_ID, ""))
+        if ray_state not in (RAY_ERROR, RAY_DONE) and run_status(run) not in keep:
             end_run(cl, run.info.run_id, TrialStatus.KILLED)
 
 
@@ -92,7 +94,7 @@ def best_run(rows: list, metric: str, mode: str) -> tuple[float, object] | None:
     best = None
     for r in rows:
         v = r.data.metrics.get(metric)
-        if v is None or not math.isfinite(v) or _status(r) is not TrialStatus.FINISHED:
+        if v is None or not math.isfinite(v) or run_status(r) is not TrialStatus.FINISHED:
             continue
         if best is None or (v < best[0] if mode == "min" else v > best[0]):
             best = (v, r)
@@ -100,13 +102,12 @@ def best_run(rows: list, metric: str, mode: str) -> tuple[float, object] | None:
 
 
 def _log_best(cl, parent: str, metric: str, value: float, run) -> None:
-    cl.set_tag(parent, "best_trial_id", run.data.tags.get("trial_id", ""))
-    cl.set_tag(parent, "best_run_id", run.info.run_id)
-    cl.set_tag(parent, "best_metric", metric)
-    cl.set_tag(parent, "best_value", num(value, 6))
+    tid = run.data.tags.get(record.TRIAL_ID, "")
+    best = dict(zip(record.ParentTags.BEST, (tid, run.info.run_id, metric, num(value, 6))))
+    record.ParentTags(best=best).write(cl, parent)
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "best_config.json"
-        p.write_text(json.dumps({"trial_id": run.data.tags.get("trial_id"), "run_id": run.info.run_id,
+        p.write_text(json.dumps({"trial_id": tid, "run_id": run.info.run_id,
                                  metric: value, "params": dict(sorted(run.data.params.items()))}, indent=2))
         cl.log_artifact(parent, str(p))
 
@@ -117,18 +118,11 @@ def _print_table(rows: list, metric: str, best) -> None:
     print(f"\n{'trial':<40} {'status':<9} {metric:>16}  MLflow run")
     for r in rows:
         v = r.data.metrics.get(metric)
-        print(f"{r.data.tags.get('trial_id', '?')[:40]:<40} {r.data.tags.get('status', '?'):<9} "
+        print(f"{r.data.tags.get(record.TRIAL_ID, '?')[:40]:<40} {r.data.tags.get(record.STATUS, '?'):<9} "
               f"{(f'{v:.4f}' if v is not None else '-'):>16}  {r.info.run_id}")
     if best is not None:
-        print(f"best: {best[1].data.tags.get('trial_id')} {metric}={best[0]:.4f} (MLflow run {best[1].info.run_id})")
-
-
-def _status(run) -> TrialStatus | None:
-    """A run's ``status`` tag as a TrialStatus (None when missing or written by another version)."""
-    try:
-        return TrialStatus(run.data.tags.get("status"))
-    except ValueError:
-        return None
+        value, run = best
+        print(f"best: {run.data.tags.get(record.TRIAL_ID)} {metric}={value:.4f} (MLflow run {run.info.run_id})")
 
 
 def _done(value) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from orchestrator.engine.config import TrialConfig
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.sweep.schema import SweepSpec
 
 OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")

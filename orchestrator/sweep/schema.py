@@ -1,7 +1,7 @@
 """The sweep file as typed data: ``SweepSpec`` and its blocks, and how it expands into trials.
 
 Each block is a pydantic dataclass that rejects unknown keys; the field types and bounds say
-what a file may hold (``orchestrator.core.schema`` turns a mismatch into one line naming the key
+what a file may hold (``orchestrator.core.validation`` turns a mismatch into one line naming the key
 path), and the validators apply the rules of ``orchestrator.sweep.checks``. Validating a mapping
 into ``SweepSpec`` (``orchestrator.sweep.spec.parse_spec``) is the whole file check except the
 trials themselves, which ``parse_spec`` builds and validates next.
@@ -27,9 +27,9 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import VARIANT
-from orchestrator.core.schema import CONFIG, Bool, Float, Int, Mapping, Str
-from orchestrator.engine.config import TrainConfig, TrialConfig, set_dotted
+from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str
 from orchestrator.engine.data import check_source
+from orchestrator.engine.trial_config import TrainConfig, TrialConfig, set_dotted
 from orchestrator.sweep.checks import (
     SEED,
     SearchParam,
@@ -163,6 +163,7 @@ class SweepSpec:
     path: str | None = field(default=None, init=False)  # the file it came from
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
     resolved: dict[str, Any] = field(default_factory=dict, init=False)  # the file with its extends applied
+    trial_cache: tuple[str, list] | None = field(default=None, init=False, repr=False, compare=False)  # trials()
 
     @property
     def report_stated(self) -> tuple[str, ...]:
@@ -264,15 +265,31 @@ class SweepSpec:
         return ",".join(f"{k}={format_value(v)}" for k, v in params.items())
 
     def trials(self) -> list[Trial]:
-        """The grid's trials in file order (first axis slowest). A search sweep has none up front."""
+        """The grid's trials in file order (first axis slowest). A search sweep has none up front.
+
+        Built once per grid (validation builds them, the driver and the dry run read them; the
+        Ray workers get them with the pickled spec): treat the configs as read-only, or copy them
+        (``config_of``)."""
         if self.search is not None:
             return []
-        axes = list(self.grid)
-        out = []
-        for combo in itertools.product(*(self.grid[a] for a in axes)):
-            params = dict(zip(axes, combo))
-            out.append(Trial(trial_id=self.trial_id(params), params=params, config=self.trial_config(params)))
-        return out
+        key = json.dumps(self.grid, sort_keys=True, default=str)
+        if self.trial_cache is None or self.trial_cache[0] != key:
+            axes = list(self.grid)
+            out = []
+            for combo in itertools.product(*(self.grid[a] for a in axes)):
+                params = dict(zip(axes, combo))
+                out.append(Trial(trial_id=self.trial_id(params), params=params, config=self.trial_config(params)))
+            self.trial_cache = (key, out)
+        return self.trial_cache[1]
+
+    def config_of(self, params: dict[str, Any]) -> TrialConfig:
+        """A fresh copy of the config of the trial with these axis values (built if it is not a
+        grid trial: a search trial's sampled values)."""
+        values = {k: v for k, v in params.items() if not k.startswith("__")}
+        for t in self.trials():
+            if t.params == values:
+                return copy.deepcopy(t.config)
+        return self.trial_config(params)
 
     def expand(self) -> list[tuple[str, TrialConfig]]:
         return [(t.trial_id, t.config) for t in self.trials()]

@@ -3,7 +3,7 @@
 A sweep file is a base ``TrialConfig`` plus grid axes (the cross product is the trial set) or an
 Optuna ``search`` block, plus how the trials run (resources, concurrency, failures, checkpoints)
 and what the report compares; it may extend another file (``extends:``). The format is
-documented in README.md ("Sweeps").
+documented in docs/SWEEPS.md.
 
 Everything is checked here, before Ray or MLflow is touched: the ``extends`` chain
 (``orchestrator.sweep.files``), every key and value (``orchestrator.sweep.schema``), and every
@@ -23,8 +23,8 @@ from typing import Any
 
 from lime_arch import ConfigError, flops_per_token, param_counts
 from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
-from orchestrator.core.schema import validate
-from orchestrator.engine.config import TrialConfig
+from orchestrator.core.validation import validate
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
 from orchestrator.sweep.files import FileError, is_base, origin_of, read_yaml, resolve, sweep_files
 from orchestrator.sweep.schema import (  # noqa: F401
@@ -106,8 +106,12 @@ def _validate_trials(spec: SweepSpec) -> None:
         for name, values in spec.grid.items():
             for i, v in enumerate(values):
                 check({name: v}, f"grid.{name}.{v}" if name == VARIANT else f"grid.{name}[{i}]")
-        for t in itertools.product(*spec.grid.values()):
-            check(dict(zip(spec.grid, t)))
+        try:
+            spec.trials()  # every trial, built once and kept on the spec
+        except ConfigError:
+            for t in itertools.product(*spec.grid.values()):  # which one: name its key in the file
+                check(dict(zip(spec.grid, t)))
+            raise
         return
     space = spec.search.space
     idx = {"__trial_index__": spec.search.repeat - 1}

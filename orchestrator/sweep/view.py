@@ -9,11 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
+from orchestrator.core import record
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
+from orchestrator.sweep.local_state import extension_dirs, read_state
 from orchestrator.sweep.preflight import warnings
 from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
-from orchestrator.sweep.state import extension_dirs, read_state
 
 
 def results_root() -> Path:
@@ -117,28 +118,28 @@ def status_text(name: str) -> str:
     if state.get("extensions"):
         grown = "; ".join(f"{e['name']}: seeds {', '.join(map(str, e['seeds']))}" for e in state["extensions"])
         lines.append(f"seeds in effect: {', '.join(map(str, state.get('seeds', [])))} (grown: {grown})")
-    runs = list(cl.search_runs([exp.experiment_id], f"tags.sweep = '{name}'", max_results=5000)) if exp else []
-    parents = [r for r in runs if r.data.tags.get("sweep_role") == "parent"]
-    children = [r for r in runs if r.data.tags.get("sweep_role") != "parent"]
+    runs = list(cl.search_runs([exp.experiment_id], f"tags.{record.SWEEP} = '{name}'", max_results=5000)) if exp else []
+    parents = [r for r in runs if record.role(r.data.tags) == record.PARENT]
+    children = [r for r in runs if record.role(r.data.tags) != record.PARENT]
     for p in parents:
-        lines.append(f"parent run {p.info.run_id}: {p.info.status}"
-                     + (f", best {p.data.tags['best_trial_id']}" if p.data.tags.get("best_trial_id") else ""))
+        best = record.ParentTags.of(p.data.tags).best.get("best_trial_id")
+        lines.append(f"parent run {p.info.run_id}: {p.info.status}" + (f", best {best}" if best else ""))
     by: dict[str, list] = {}
     for r in children:
         by.setdefault(str(TrialStatus.of_run(r.data.tags, r.info.status)), []).append(r)
-    seen = {r.data.tags.get("trial_id") for r in children}
+    seen = {r.data.tags.get(record.TRIAL_ID) for r in children}
     for tname, st in saved.items():
         if tname not in seen:
             by.setdefault(st.lower(), []).append(tname)
     lines.append("by state: " + ", ".join(f"{k} {len(v)}" for k, v in sorted(by.items())) if by else "no trials yet")
     for st in sorted(by):
         lines.append(f"{st}:")
-        for r in sorted(by[st], key=lambda r: r if isinstance(r, str) else r.data.tags.get("trial_id", "")):
+        for r in sorted(by[st], key=lambda r: r if isinstance(r, str) else r.data.tags.get(record.TRIAL_ID, "")):
             if isinstance(r, str):
                 lines.append(f"  {r:<40} no MLflow run yet (Ray: {saved[r]})")
                 continue
-            tid = r.data.tags.get("trial_id", "?")
-            v = r.data.metrics.get("final/val_loss", r.data.metrics.get("val/loss"))
+            tid = r.data.tags.get(record.TRIAL_ID, "?")
+            v = r.data.metrics.get(record.FINAL_VAL_LOSS, r.data.metrics.get("val/loss"))
             loss = f"  val loss {v:.4f}" if v is not None else ""
             lines.append(f"  {tid:<40} run {r.info.run_id}  Ray: {saved.get(tid, '-')}{loss}")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """Multi-worker trials (``resources.workers > 1``): a Ray Train ``TorchTrainer`` inside the trial.
 
-The trial's Tune function (``orchestrator.sweep.trial``) starts a ``TorchTrainer`` with
+The trial's Tune function (``orchestrator.sweep.trainable``) starts a ``TorchTrainer`` with
 ``resources.workers`` workers of ``resources.cpu`` CPUs and ``resources.gpu`` GPUs each (NCCL on
 GPUs, gloo on CPUs) and waits for it. Every worker runs the engine's ``Trainer`` with the
 ``DistributedHook`` (``orchestrator.engine.distributed``: DDP, or FSDP2 with
@@ -26,14 +26,14 @@ import types
 from pathlib import Path
 
 from orchestrator.core.status import TrialStatus
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.distributed import DistributedHook
 from orchestrator.engine.startup import StartupHook, worker_clock
-from orchestrator.engine.train import Tracking, trial_hooks
 from orchestrator.engine.trainer import Trainer
+from orchestrator.engine.trial import Tracking, trial_hooks
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.sweep import IMPORT_T0
-from orchestrator.sweep.reporting import objective, output_to, reporter
 from orchestrator.sweep.schema import SweepSpec
+from orchestrator.sweep.tune_report import objective, output_to, reporter
 
 IMPORT_S = time.perf_counter() - IMPORT_T0  # what importing the project cost this process
 TRAIN_DIR = "train"  # Ray Train's storage inside the trial folder

@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from lime_arch import ConfigError
-from orchestrator.engine.config import CORPUS_TOKENIZERS, DataConfig
 from orchestrator.engine.data import hub
 from orchestrator.engine.data.registry import register_source
+from orchestrator.engine.trial_config import CORPUS_TOKENIZERS, DataConfig
 
 
 # -- tokenizers --------------------------------------------------------------------------------

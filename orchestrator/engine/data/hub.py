@@ -9,7 +9,7 @@ https://huggingface.co) is tried with a short timeout; without an answer the tri
 ``ConfigError`` naming the offline alternatives. With ``HF_HUB_OFFLINE`` (or
 ``HF_DATASETS_OFFLINE``) set, nothing is downloaded: what is missing from the Hugging Face cache
 is the same kind of one-line error. These errors are the user's to fix, so a sweep does not retry
-them (``orchestrator.sweep.runs.report_config_error``).
+them (``orchestrator.sweep.mlflow_runs.report_config_error``).
 """
 from __future__ import annotations
 

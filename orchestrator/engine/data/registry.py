@@ -4,7 +4,7 @@ cheap ``check`` run before any data is read. ``make_batches`` is the trainer's o
 The corpus sources live in ``corpus.py``, the synthetic tasks in ``tasks.py``; importing
 ``orchestrator.engine.data`` registers both. A new source is one function with
 ``@register_source("name", check=...)`` in a module that the package imports, and its name in
-``orchestrator.engine.config.DATA_SOURCES`` (so configs can be validated without loading data).
+``orchestrator.engine.trial_config.DATA_SOURCES`` (so configs can be validated without loading data).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from lime_arch.errors import ConfigError
-from orchestrator.engine.config import DataConfig
+from orchestrator.engine.trial_config import DataConfig
 
 IGNORE = -100  # target id of masked positions (synthetic prompts, padding)
 SOURCES: dict[str, Callable[[DataConfig], Any]] = {}

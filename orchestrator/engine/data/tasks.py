@@ -46,9 +46,9 @@ import torch
 
 from lime_arch import ConfigError
 from lime_arch.model import KVCache
-from orchestrator.engine.config import DataConfig
 from orchestrator.engine.data.registry import IGNORE, register_source
 from orchestrator.engine.taskspec import build_task, task_error
+from orchestrator.engine.trial_config import DataConfig
 from orchestrator.tasks import TASKS, Example, Task, make_task
 
 EVAL_BATCH = 128  # prompts decoded together in evaluate()

@@ -3,12 +3,12 @@ import pytest
 import torch
 
 from lime_arch import build_model, preset
+from orchestrator.analysis.analyze import analyze_model, word_positions
 from orchestrator.analysis.capture import capture
-from orchestrator.analysis.run import analyze_model, word_positions
-from orchestrator.engine.config import DataConfig, TrialConfig
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.data.corpus import ByteTokenizer
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import DataConfig, TrialConfig
 
 
 @pytest.mark.parametrize("router", ["none", "full", "per-dim"])

@@ -7,10 +7,10 @@ import torch
 import lime_arch.model as lime_model
 from lime_arch import build_model, preset
 from lime_arch.depth_mix import depth_mix_specs
+from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.capture import capture
-from orchestrator.analysis.run import analyze_model
-from orchestrator.engine.config import DataConfig
 from orchestrator.engine.data import make_batches
+from orchestrator.engine.trial_config import DataConfig
 
 
 def test_hyper_connections_hidden_is_the_sum_of_the_streams():

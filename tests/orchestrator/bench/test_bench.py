@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from orchestrator.bench import step
-from orchestrator.bench.run import run_bench
 from orchestrator.bench.shapes import DEPTH_MIXES, PEER, QUICK_SHAPES, Shape, bench_routers
+from orchestrator.bench.suite import run_bench
 from orchestrator.bench.timing import median_ci, paired_times
 
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import lime_arch.routers as routers_mod
 from lime_arch.routers import ROUTERS, FirstRouter, RouterArg, parse_router, register_router
-from orchestrator.bench.run import run_bench
 from orchestrator.bench.shapes import QUICK_SHAPES, bench_routers
+from orchestrator.bench.suite import run_bench
 from orchestrator.bench.targets import checks
 
 ROOT = Path(__file__).resolve().parents[3]

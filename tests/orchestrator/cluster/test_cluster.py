@@ -15,14 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.sweeps import TINY
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[3]
 LIME = str(Path(sys.executable).parent / "lime")
-TINY = {"preset": "tiny", "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64},
-        "data": {"source": "builtin"}, "optim": {"lr": 3.0e-3, "min_lr": 3.0e-4, "warmup_steps": 2},
-        "train": {"steps": 20, "batch_size": 4, "seq_len": 32, "log_interval": 5, "eval_interval": 10,
-                  "eval_batches": 2}}
 
 
 def sweep_file(cluster, name: str, **over) -> Path:

@@ -11,7 +11,7 @@ import pytest
 
 from lime_arch import ConfigError
 from orchestrator.sweep import connect
-from orchestrator.sweep.reporting import objective_key
+from orchestrator.sweep.tune_report import objective_key
 
 
 def test_connect_timeout_flag_env_default(monkeypatch):

@@ -21,10 +21,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.distributed import DistributedHook, RankSlice, check_split
-from orchestrator.engine.train import Tracking, load_checkpoint, run_trial, trial_hooks
 from orchestrator.engine.trainer import Trainer
+from orchestrator.engine.trial import Tracking, load_checkpoint, run_trial, trial_hooks
+from orchestrator.engine.trial_config import TrialConfig
 from tools.procs import free_port
 
 TINY = {"preset": "tiny", "model": {"n_layers": 3, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64,

@@ -11,8 +11,8 @@ import pytest
 
 import lime_arch
 from orchestrator.core.status import TrialStatus
-from orchestrator.engine.config import TrialConfig
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import TrialConfig
 
 
 def _depth_mixes() -> list[str | None]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,22 +12,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.sweeps import sweep_env, tiny
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
 
 ROOT = Path(__file__).resolve().parents[3]
 LIME = str(Path(sys.executable).parent / "lime")
-TINY = {"preset": "tiny", "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64},
-        "data": {"source": "builtin"}, "optim": {"lr": 3.0e-3, "min_lr": 3.0e-4, "warmup_steps": 2},
-        "train": {"steps": 40, "batch_size": 4, "seq_len": 32, "log_interval": 10, "eval_interval": 10,
-                  "eval_batches": 2}}
+TINY = tiny(train={"steps": 40, "log_interval": 10})
 
 
 @pytest.fixture
 def env(tmp_path):
-    e = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "LIME_FAULT_ONCE")}
-    e.update(MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path}/mlflow.db", LIME_RESULTS=str(tmp_path / "results"),
-             LIME_CACHE=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
-    return e
+    return sweep_env(tmp_path)
 
 
 def _run(tmp_path: Path, env: dict, name: str, **doc) -> subprocess.CompletedProcess:

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from orchestrator.engine import trainer as trainer_module
-from orchestrator.engine.config import TrialConfig
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import TrialConfig
 
 
 def _trial(router: str, compile_: bool) -> TrialConfig:

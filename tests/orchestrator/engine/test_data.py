@@ -2,9 +2,9 @@ import pytest
 import torch
 
 from lime_arch import ConfigError
-from orchestrator.engine.config import DataConfig
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.data.corpus import ByteTokenizer, train_bpe
+from orchestrator.engine.trial_config import DataConfig
 
 
 def test_builtin_split_is_deterministic_and_disjoint():

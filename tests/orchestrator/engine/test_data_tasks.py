@@ -14,10 +14,10 @@ from torch import nn
 
 from lime_arch import ConfigError, build_model, preset
 from lime_arch.generate import generate
-from orchestrator.engine.config import DataConfig, TrialConfig
 from orchestrator.engine.data import IGNORE, SOURCES, make_batches
 from orchestrator.engine.data import tasks as data_tasks
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import DataConfig, TrialConfig
 
 ARITH = {"source": "arithmetic", "task": {"n_ops": [3, 4], "max_value": 30}, "n_train": 300, "n_val": 40}
 PROSQA = {"source": "prosqa", "task": {"n_concepts": 6, "n_facts": 7, "min_depth": 1, "max_depth": 2},

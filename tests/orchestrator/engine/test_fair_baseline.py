@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.engine.config import TrialConfig
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import TrialConfig
 
 MARGIN = 0.05
 GRID = (0.02, 0.0625, "auto", 0.35)

@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from lime_arch import ConfigError
-from orchestrator.engine.config import DataConfig
 from orchestrator.engine.data import hub, make_batches
+from orchestrator.engine.trial_config import DataConfig
 from tools.procs import free_port  # a local port nothing listens on: refused at once
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -7,9 +7,9 @@ from lime_arch import param_counts
 from lime_arch.routers import build_router
 from lime_arch.routing.mixers import make_mixer
 from lime_arch.routing.state import held_bytes
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.memory import MB, SavedBytes, model_state_bytes, saved_activation_bytes
-from orchestrator.engine.train import Tracking, run_trial
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import TrialConfig
 
 
 @pytest.mark.parametrize("dtype, size", [(torch.float32, 4), (torch.float64, 8)])

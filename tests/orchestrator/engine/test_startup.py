@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from orchestrator.engine import startup
-from orchestrator.engine.config import DataConfig, TrialConfig
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.schedule import peak_rss_mb
 from orchestrator.engine.startup import StartupClock, StartupHook
-from orchestrator.engine.train import Hook, Tracking, run_trial
+from orchestrator.engine.trial import Hook, Tracking, run_trial
+from orchestrator.engine.trial_config import DataConfig, TrialConfig
 
 
 class FakeTime:

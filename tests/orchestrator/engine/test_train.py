@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.data import make_batches
-from orchestrator.engine.train import Hook, Tracking, Trainer, lr_multiplier, run_trial
+from orchestrator.engine.trial import Hook, Tracking, Trainer, lr_multiplier, run_trial
+from orchestrator.engine.trial_config import TrialConfig
 
 OFF = Tracking(enabled=False)
 

@@ -6,8 +6,8 @@ import torch
 
 from lime_arch import ConfigError
 from orchestrator.core.status import TrialStatus
-from orchestrator.engine.config import TrialConfig
-from orchestrator.engine.train import Hook, Tracking, run_trial
+from orchestrator.engine.trial import Hook, Tracking, run_trial
+from orchestrator.engine.trial_config import TrialConfig
 
 OFF = Tracking(enabled=False)
 

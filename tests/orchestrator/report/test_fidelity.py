@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 
 from lime_arch.errors import ConfigError
-from orchestrator.report import fidelity
-from orchestrator.report.paired import analyze
-from orchestrator.report.paper import REFS, in_metric, paper_effects, reference_for
-from orchestrator.report.stats import compare, compare_by
+from orchestrator.report.compare.across_seeds import compare, compare_by
+from orchestrator.report.compare.by_seed import analyze
+from orchestrator.report.paper import fidelity
+from orchestrator.report.paper.refs import REFS, in_metric, paper_effects, reference_for
 
 M = "final/val_loss"
 SEED_FX = [0.0, 0.3, -0.2, 0.5, -0.4, 0.1, 0.25, -0.55]  # mean 0: means are the levels

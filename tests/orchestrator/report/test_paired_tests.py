@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import scipy.stats as sps
 
-from orchestrator.report.paired_tests import (
+from orchestrator.report.stats.multiplicity import holm_min_p
+from orchestrator.report.stats.paired import (
     friedman,
     friedman_min_p,
-    holm_min_p,
     kruskal_min_p,
     mann_whitney_min_p,
     sign_flip_min_p,

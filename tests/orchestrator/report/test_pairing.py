@@ -1,4 +1,4 @@
-"""The paired design's premise (orchestrator.report.paired): two trials with the same seed see
+"""The paired design's premise (orchestrator.report.compare.by_seed): two trials with the same seed see
 the same batches in the same order and start from the same weights for every parameter they
 share, whatever their router. Checked through the engine's own setup (Trainer), for every
 registered router (and every registered depth mix, when the model library has that registry)."""
@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import lime_arch
-from orchestrator.engine.config import TrialConfig
 from orchestrator.engine.trainer import Trainer
+from orchestrator.engine.trial_config import TrialConfig
 
 BASE = {"preset": "tiny", "model": {"n_layers": 4, "d_model": 32, "n_heads": 4, "ffn_dim": 64, "max_seq_len": 32},
         "data": {"source": "builtin"}, "train": {"steps": 2, "batch_size": 2, "seq_len": 16, "eval_batches": 1}}

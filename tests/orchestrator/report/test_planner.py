@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.report import power
-from orchestrator.report.paper import REFS
+from orchestrator.report.paper.refs import REFS
 from orchestrator.report.planner import Design, effects, plan_block, plan_text, reachability
+from orchestrator.report.stats import power
 
 SWEEPS = Path(__file__).resolve().parents[3] / "sweeps"
 

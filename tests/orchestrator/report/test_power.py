@@ -11,7 +11,7 @@ import pytest
 from scipy.stats import norm
 from statsmodels.stats.multitest import multipletests
 
-from orchestrator.report import power
+from orchestrator.report.stats import power
 
 SE = math.sqrt(0.25 / power.SIMS)  # the largest standard error of a simulated power
 

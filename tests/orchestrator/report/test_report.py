@@ -22,8 +22,9 @@ from lime_arch.errors import ConfigError
 from orchestrator.cli import main as cli_main
 from orchestrator.cli.report import cmd_report
 from orchestrator.core import tracking
-from orchestrator.engine.config import TrialConfig
-from orchestrator.report.build import build_report, cast_param, load_runs, mean_router_map, router_map_from_npz
+from orchestrator.core.record import cast_param
+from orchestrator.engine.trial_config import TrialConfig
+from orchestrator.report.build import build_report, load_runs, mean_router_map, router_map_from_npz
 
 SWEEP = "report-test-routers"
 DEPTH = "report-test-depth"
@@ -353,7 +354,7 @@ def test_unknown_sweep_and_bad_metric(store, tmp_path, capsys):
 
 
 def test_router_heatmap_is_the_mean_over_seeds_of_logged_weights(router_sweep, store):
-    from orchestrator.report.plots import router_maps
+    from orchestrator.report.render.figures import router_maps
 
     f = router_sweep["runs"].frame
     ids = list(f[(f["router"] == "full") & (f["status"] == "finished")]["run_id"])

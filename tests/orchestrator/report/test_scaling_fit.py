@@ -15,10 +15,9 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.report import scaling
-from orchestrator.report.scaling import analyze, fit_line, holdout, precheck, shape_problem
-from orchestrator.report.scaling_data import Line, Rung, draws
-from orchestrator.report.scaling_fit import (
+from orchestrator.report.scaling import fits
+from orchestrator.report.scaling.fits import analyze, fit_line, holdout, precheck, shape_problem
+from orchestrator.report.scaling.laws import (
     Chinchilla,
     PowerLaw,
     crossovers,
@@ -26,6 +25,7 @@ from orchestrator.report.scaling_fit import (
     fit_power_law,
     multiplier,
 )
+from orchestrator.report.scaling.rungs import Line, Rung, draws
 
 E, A, ALPHA = 1.8, 2.0, 0.4
 C_REF = 1e10
@@ -126,7 +126,7 @@ def test_multiplier_from_fitted_data_recovers_the_shift(noise):
         assert m == pytest.approx(k, rel=tol)
         assert lo <= k * (1 + tol) and hi >= k * (1 - tol)
     assert v.crossings == []  # shifted curves never cross
-    metrics = scaling.metrics(s, lambda x: x)
+    metrics = fits.metrics(s, lambda x: x)
     assert metrics["scaling/full/multiplier_at_max"] == pytest.approx(k, rel=tol)
 
 
@@ -181,19 +181,19 @@ def test_flat_and_non_monotone_curves_are_said():
 
 def test_bootstrap_that_does_not_converge_is_said(monkeypatch):
     ln = make_line("none", RUNGS, noisy(RUNGS, np.random.default_rng(0)), baseline=True)
-    real = scaling.fit_power_law
+    real = fits.fit_power_law
 
     def refits_fail(x, y, start=None):
         return None if start is not None else real(x, y)
 
-    monkeypatch.setattr(scaling, "fit_power_law", refits_fail)
+    monkeypatch.setattr(fits, "fit_power_law", refits_fail)
     fit = fit_line(ln, "C", draws([ln], 20, 0), "min")
     assert fit.law is None
     assert fit.reason == "the bootstrap does not converge: 20 of 20 refits failed or ended at a bound"
 
 
 def test_non_identifiable_lines_give_words_not_nan():
-    from orchestrator.report.scaling_sections import section
+    from orchestrator.report.scaling.markdown import section
 
     base = make_line("none", RUNGS[:2], [[3.0, 3.1], [2.9, 3.0]], baseline=True)
     var = make_line("full", RUNGS[:2], [[2.9, 3.0], [2.8, 2.9]])
@@ -202,4 +202,4 @@ def test_non_identifiable_lines_give_words_not_nan():
     assert "not identifiable: 2 rung(s) for 3 parameters" in md
     assert "no multiplier: neither fit against compute is identifiable" in md
     assert "nan" not in md.lower()
-    assert scaling.metrics(s, lambda x: x) == {}
+    assert fits.metrics(s, lambda x: x) == {}

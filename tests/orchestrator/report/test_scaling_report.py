@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 
 from orchestrator.core import tracking
-from orchestrator.engine.config import TrialConfig
-from orchestrator.report import scaling
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.report.build import build_report
-from orchestrator.report.isoflop import at_budget
-from orchestrator.report.scaling_data import Line, Rung, draws
-from orchestrator.report.scaling_depth import statements, view
+from orchestrator.report.scaling import fits
+from orchestrator.report.scaling.depth import statements, view
+from orchestrator.report.scaling.isoflop import at_budget
+from orchestrator.report.scaling.rungs import Line, Rung, draws
 
 LADDER = "scaling-test-ladder"
 ROUTERS = "scaling-test-routers"
@@ -89,7 +89,7 @@ def store(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root}/mlflow.db")
         mp.chdir(root)
-        mp.setattr(scaling, "N_BOOT", 60)  # fewer resamples: the same code, a faster test
+        mp.setattr(fits, "N_BOOT", 60)  # fewer resamples: the same code, a faster test
         yield root, tracking.client()
 
 
@@ -230,7 +230,7 @@ def frame(rows):
 
 
 def test_lines_absorb_a_width_bundle_and_split_on_other_factors():
-    from orchestrator.report.scaling_data import build_lines, has_size_axis
+    from orchestrator.report.scaling.rungs import build_lines, has_size_axis
 
     rows = [{"router": r, "variant": f"w{w}", "d_model": w, "seed": s, "lr": lr, "final/val_loss": 3.0 - w / 1000}
             for r in ("none", "full") for w in (256, 512) for s in (0, 1) for lr in (1e-3, 2e-3)]
@@ -244,7 +244,7 @@ def test_lines_absorb_a_width_bundle_and_split_on_other_factors():
     rows += [{"router": "none", "variant": "w1024", "d_model": 1024, "seed": 0, "final/val_loss": float("nan")},
              {"router": "none", "variant": "w1024", "d_model": 1024, "seed": 1, "final/val_loss": 2.0,
               "status": "failed"}]
-    from orchestrator.report.plots import finished
+    from orchestrator.report.render.figures import finished
 
     factors = ["router", "d_model", "lr", "variant"]
     lines = build_lines(finished(frame(rows)), "final/val_loss", "router", "none", factors)
@@ -257,11 +257,11 @@ def test_chinchilla_fit_when_parameters_and_tokens_vary():
         y = 1.7 + 400.0 / n ** 0.34 + 1000.0 / d ** 0.28
         ln.rungs.append(Rung((str(i),), f"rung{i}", 6 * n * d, n, d, {0: y, 1: y * 1.001}, {}))
     two_d = Line("x", "x", (), rungs=[r for r in ln.rungs if r.d < 1e9])
-    assert scaling.fit_line(two_d, "ND", [], "min").reason == (
+    assert fits.fit_line(two_d, "ND", [], "min").reason == (
         "D take(s) fewer than 3 distinct values; each exponent needs >= 3 to be separated from its amplitude")
-    s = scaling.analyze([ln], "min", n_boot=20)
-    fits = s.lines[0].fits
-    assert set(fits) == {"C", "ND"}
-    nd = fits["ND"]
+    s = fits.analyze([ln], "min", n_boot=20)
+    line_fits = s.lines[0].fits
+    assert set(line_fits) == {"C", "ND"}
+    nd = line_fits["ND"]
     assert nd.reason is None and nd.values()["a"] == pytest.approx(0.34, rel=0.05)
     assert nd.values()["b"] == pytest.approx(0.28, rel=0.05)

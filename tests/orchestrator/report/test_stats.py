@@ -1,4 +1,4 @@
-"""Tests of orchestrator.report.stats against hand-computed numbers, brute force and scipy."""
+"""Tests of orchestrator.report.compare.across_seeds against hand-computed numbers, brute force and scipy."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,10 @@ import pytest
 import scipy.stats as sps
 
 from lime_arch.errors import ConfigError
-from orchestrator.report.stats import cliffs_delta, compare, compare_by, holm, min_reachable_p
+from orchestrator.report.compare.across_seeds import compare, compare_by
+from orchestrator.report.render.comparisons import comparison_markdown
+from orchestrator.report.stats.multiplicity import holm
+from orchestrator.report.stats.ranks import cliffs_delta, min_reachable_p
 
 M = "final/val_loss"
 
@@ -217,8 +220,8 @@ def test_row_order_does_not_change_the_report():
                 "average": [2.5, 2.7, 2.4, 2.9]},
                extra=[{"router": "full", "seed": 9, "status": "diverged", M: np.nan}])
     shuffled = df.sample(frac=1.0, random_state=0).reset_index(drop=True)
-    one, two = compare(df).to_markdown(), compare(df).to_markdown()
-    assert one == two == compare(shuffled).to_markdown()
+    one, two = comparison_markdown(compare(df)), comparison_markdown(compare(df))
+    assert one == two == comparison_markdown(compare(shuffled))
     assert "| full | 4 | 2.2 |" in one
 
 
@@ -265,7 +268,7 @@ use the exact permutation p
 - baseline: the smallest p-value these sample sizes can reach is 0.1, so no pair can reach p < 0.05
 - all-pairs: the smallest p-value these sample sizes can reach is 0.1, so no pair can reach p < 0.05
 """
-    assert compare(df).to_markdown(digits=3) == expected
+    assert comparison_markdown(compare(df), digits=3) == expected
 
 
 # ---------------------------------------------------------------- degenerate cases
@@ -286,7 +289,7 @@ def test_excluded_rows_are_listed():
     empty = comp.group("per-dim")
     assert empty.n == 0 and math.isnan(empty.mean) and math.isnan(empty.change_pct)
     assert any("per-dim" in n and "no usable samples" in n for n in comp.notes)
-    md = comp.to_markdown()
+    md = comparison_markdown(comp)
     assert "Excluded trials" in md and "| per-dim | 0 | failed |" in md
     assert comp.omnibus.groups == ("none", "full")
 
@@ -300,7 +303,7 @@ def test_all_values_identical():
     assert (g.ci_low, g.ci_high) == (2.0, 2.0) and g.std == 0.0
     row = [r for r in comp.posthoc if r.family == "baseline"][0]
     assert row.p == 1.0 and row.cliffs_delta == 0.0
-    assert "all values identical" in comp.to_markdown()
+    assert "all values identical" in comparison_markdown(comp)
 
 
 def test_one_sample_group_left_out_of_tests():
@@ -317,7 +320,7 @@ def test_fewer_than_two_usable_groups():
     comp = compare(frame({"none": [3.0, 3.1], "full": [2.0]}))
     assert comp.omnibus.status.startswith("not run") and comp.posthoc == []
     assert any("not run" in n for n in comp.notes)
-    comp.to_markdown()
+    comparison_markdown(comp)
 
 
 def test_baseline_without_samples():

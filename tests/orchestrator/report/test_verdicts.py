@@ -7,9 +7,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.report import verdicts
-from orchestrator.report.paired import analyze
-from orchestrator.report.stats import compare
+from orchestrator.report.compare import verdicts
+from orchestrator.report.compare.across_seeds import compare
+from orchestrator.report.compare.by_seed import analyze
+from orchestrator.report.render.comparisons import paired_markdown, verdict_lines
 
 M = "final/val_loss"
 # a shared per-seed offset (what pairing removes) that dwarfs the effects below
@@ -51,7 +52,7 @@ def test_better_worse_and_same_with_eight_seeds():
     # the unpaired tests see nothing: the seed offsets swamp a 0.05 shift
     base_row = [r for r in comp.posthoc if r.family == "baseline" and r.a == "full"][0]
     assert base_row.p > 0.5
-    lines = "\n".join(pa.verdict_lines())
+    lines = "\n".join(verdict_lines(pa))
     assert "**full**: better than `none` at alpha 0.05" in lines
     assert "**average**: no detectable difference" in lines and "80% power" in lines
 
@@ -62,7 +63,7 @@ def test_undecidable_design_never_says_better():
     for r in pa.rows:
         assert r.verdict == verdicts.UNDECIDABLE and r.min_p_holm == pytest.approx(0.25)
         assert r.mde == math.inf
-    text = "\n".join(pa.verdict_lines())
+    text = "\n".join(verdict_lines(pa))
     assert "cannot decide" in text and "at least 7 seeds" in text and "better than" not in text
     # the rule itself: a p below alpha that the design cannot reach (a Monte-Carlo p) is not "better"
     assert verdicts.verdict(4, -1.0, 0.01, 0.25, 0.05, "min") == verdicts.UNDECIDABLE
@@ -80,7 +81,7 @@ def test_direction_follows_the_metric_and_mode():
     assert pa.mode == "max" and pa.row("full").verdict == verdicts.BETTER  # 2/256 < 0.05, one comparison
     _, pa = run(higher, acc, mode="min")
     assert pa.row("full").verdict == verdicts.WORSE
-    assert "higher is better" in run(higher, acc)[1].verdict_lines()[0]
+    assert "higher is better" in verdict_lines(run(higher, acc)[1])[0]
 
 
 def test_missing_seeds_use_the_common_ones():
@@ -101,7 +102,7 @@ def test_repeated_seeds_are_not_paired():
     comp = compare(df)
     pa = analyze(df, comp)
     assert pa.design == "unpaired" and "seeds repeat within a variant" in pa.why and not pa.rows
-    assert pa.verdict_lines()[0].startswith("- No verdicts:")
+    assert verdict_lines(pa)[0].startswith("- No verdicts:")
     # with the depth as part of the block, the same trials pair up (4 blocks)
     pa = analyze(df, comp, blocks=("seed", "n_layers"))
     assert pa.design == "paired" and pa.row("full").n == 4 and "seed x n_layers cells" in pa.why
@@ -116,13 +117,13 @@ def test_friedman_in_the_analysis():
     assert fr.perm_method == "exact" and fr.perm_p == pytest.approx(6.0 ** -3) == pytest.approx(fr.min_p)
     _, pa2 = run({"none": [1.0, 2.0, 3.0], "full": [0.9, 1.9, 2.9]})
     assert pa2.friedman.status.startswith("not run: with 2 variants")
-    assert "Friedman: not run" in pa2.to_markdown()
+    assert "Friedman: not run" in paired_markdown(pa2)
 
 
 def test_markdown_is_deterministic_and_row_order_free():
     df = frame({"none": shifted(0), "full": shifted(-0.05, 0.01), "first-4": shifted(0.01, 0.02)})
     comp = compare(df)
-    a = analyze(df, comp).to_markdown()
+    a = paired_markdown(analyze(df, comp))
     shuffled = df.sample(frac=1.0, random_state=1).reset_index(drop=True)
-    assert a == analyze(df, comp).to_markdown() == analyze(shuffled, compare(shuffled)).to_markdown()
+    assert a == paired_markdown(analyze(df, comp)) == paired_markdown(analyze(shuffled, compare(shuffled)))
     assert "| full | 8 |" in a and "Design: paired." in a

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from lime_arch import ConfigError
-from orchestrator.engine.config import DataConfig, TrialConfig
+from orchestrator.engine.trial_config import DataConfig, TrialConfig
 from orchestrator.sweep.spec import load_spec, parse_spec
 
 OPTIM_KEYS = ("beta1, beta2, eps, grad_clip, lr, min_lr, router_lr, router_lr_mult, schedule, warmup_steps, "

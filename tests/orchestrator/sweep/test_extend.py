@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,9 +14,10 @@ import yaml
 
 from lime_arch import ConfigError
 from orchestrator.sweep import extend
+from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state
 from orchestrator.sweep.spec import load_spec, parse_spec
-from orchestrator.sweep.state import STATE_FILE, read_state, write_state
 from orchestrator.sweep.view import ray_trials
+from tests.sweeps import sweep_env
 
 ROOT = Path(__file__).resolve().parents[3]
 LIME = str(Path(sys.executable).parent / "lime")
@@ -204,10 +204,7 @@ def test_growing_the_seeds_runs_only_the_new_trials_under_one_parent(tmp_path):
     path = tmp_path / "sweeps" / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     uri = f"sqlite:///{tmp_path}/mlflow.db"
-    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "LIME_RESULTS": str(tmp_path / "results"),
-           "LIME_CACHE": str(tmp_path / "cache"), "PYTHONUNBUFFERED": "1"}
-    for k in ("RAY_ADDRESS", "LIME_FAULT_ONCE"):
-        env.pop(k, None)
+    env = sweep_env(tmp_path)
     exp = tmp_path / "results" / "ray" / name
 
     def lime(*args, **extra) -> subprocess.CompletedProcess:

@@ -255,7 +255,7 @@ def test_cpu_twins_extend_their_gpu_twins_and_fineweb_is_written_once():
 def test_the_parent_run_logs_the_file_as_written_and_resolved(tmp_path, monkeypatch):
     pytest.importorskip("mlflow")
     from orchestrator.core.tracking import client, experiment_id
-    from orchestrator.sweep.runs import parent_run
+    from orchestrator.sweep.mlflow_runs import parent_run
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)

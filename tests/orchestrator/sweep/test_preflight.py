@@ -11,8 +11,8 @@ import yaml
 
 from lime_arch import ConfigError
 from orchestrator.cli import main
+from orchestrator.sweep.local_state import write_state
 from orchestrator.sweep.spec import load_spec, parse_spec
-from orchestrator.sweep.state import write_state
 from orchestrator.sweep.view import dry_run_text, status_text
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -3,25 +3,22 @@ bit for bit, also for a trial retried from its checkpoint in the reused process;
 Tune the trials of a sweep share their worker processes, each MLflow run has its start-up
 metrics and the parent run the sweep's wall time and slots.
 
-The in-process tests run the trial side (``orchestrator.sweep.trial.run_attempt``) with a
+The in-process tests run the trial side (``orchestrator.sweep.trainable.run_attempt``) with a
 stand-in for Ray Tune's API in subprocesses, as a Ray worker would."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import yaml
 
+from tests.sweeps import TINY, sweep_env
+
 ROOT = Path(__file__).resolve().parents[3]
 LIME = str(Path(sys.executable).parent / "lime")
 
-TINY = {"preset": "tiny", "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64},
-        "data": {"source": "builtin"}, "optim": {"lr": 3.0e-3, "min_lr": 3.0e-4, "warmup_steps": 2},
-        "train": {"steps": 20, "batch_size": 4, "seq_len": 32, "log_interval": 5, "eval_interval": 10,
-                  "eval_batches": 2}}
 
 # Runs the trial attempts given as JSON in argv[1] one after another in this process, with a
 # stand-in for ray.tune (checkpoints persisted in the trial folder, as Ray's storage does), and
@@ -32,7 +29,7 @@ from pathlib import Path
 job = json.loads(sys.argv[1])
 from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.startup import worker_clock
-from orchestrator.sweep import trial
+from orchestrator.sweep import trainable as trial
 from orchestrator.sweep.spec import load_spec
 
 class Tune:
@@ -123,11 +120,7 @@ def _curves(db: Path, experiment: str) -> tuple[object, dict[str, list[tuple[int
 
 
 def _env(d: Path, store: str, **extra) -> dict:
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{d}/{store}.db", "LIME_CACHE": str(d / "cache"),
-           "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    for k in ("RAY_ADDRESS", "LIME_FAULT_ONCE"):
-        env.pop(k, None)
-    return {**env, **extra}
+    return sweep_env(d, store, OMP_NUM_THREADS="1", **extra)
 
 
 def test_a_reused_process_trains_a_trial_and_its_retry_bit_for_bit_like_a_fresh_process(tmp_path):
@@ -179,7 +172,7 @@ def test_a_ray_sweep_reuses_its_workers_and_records_its_start_up_and_wall_time(t
     test_tune.py; a retry in a reused process: the test above.)"""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.engine.train import Tracking, run_trial
+    from orchestrator.engine.trial import Tracking, run_trial
     from orchestrator.sweep.spec import load_spec
 
     d = tmp_path

@@ -14,24 +14,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.sweeps import TINY, sweep_env
+
 ROOT = Path(__file__).resolve().parents[3]
 LIME = str(Path(sys.executable).parent / "lime")
 
-TINY = {"preset": "tiny", "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64},
-        "data": {"source": "builtin"}, "optim": {"lr": 3.0e-3, "min_lr": 3.0e-4, "warmup_steps": 2},
-        "train": {"steps": 20, "batch_size": 4, "seq_len": 32, "log_interval": 5, "eval_interval": 10,
-                  "eval_batches": 2}}
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """One MLflow store and results folder for the module (a fresh sqlite store costs a migration)."""
     d = tmp_path_factory.mktemp("sweeps")
-    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{d}/mlflow.db", "LIME_RESULTS": str(d / "results"),
-           "LIME_CACHE": str(d / "cache"), "PYTHONUNBUFFERED": "1"}
-    for k in ("RAY_ADDRESS", "LIME_FAULT_ONCE"):
-        env.pop(k, None)
-    return d, env
+    return d, sweep_env(d)
 
 
 def _sweep(d: Path, name: str, **over) -> Path:
@@ -210,8 +204,8 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
 def test_a_crash_between_checkpoints_resumes_without_duplicate_steps(store, monkeypatch):
     """The engine flushes its metrics when a trial dies; the retry recomputes those steps from the
     last checkpoint and must not log them twice (what a Ray retry or resume does, without Ray)."""
-    from orchestrator.engine.config import TrialConfig
-    from orchestrator.engine.train import Tracking, run_trial
+    from orchestrator.engine.trial import Tracking, run_trial
+    from orchestrator.engine.trial_config import TrialConfig
 
     d, env = store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", env["MLFLOW_TRACKING_URI"])

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from lime_arch import ConfigError
-from orchestrator.sweep.runs import sweep_params
+from orchestrator.sweep.mlflow_runs import sweep_record
 from orchestrator.sweep.spec import load_spec, parse_spec
 
 BASE = {"preset": "tiny", "model": {"n_layers": 2, "d_model": 32, "n_heads": 2, "ffn_dim": 64, "max_seq_len": 64},
@@ -154,16 +154,16 @@ def test_bad_report_settings_are_one_line(report, expect):
 def test_report_settings_reach_the_parent_run_params():
     grid = {"router": ["none", "full"], "lr": [1e-3, 3e-3], "seed": [0, 1]}
     spec = _spec(grid, report={"alpha": 0.01, "tune": "lr", "paper": "table-14", "mode": "max"})
-    p = sweep_params(spec)
+    p = sweep_record(spec).to_params()
     assert (p["sweep.report.alpha"], p["sweep.report.mode"], p["sweep.report.tune"], p["sweep.report.paper"]) == \
-        (0.01, "max", "lr", "table-14")
+        ("0.01", "max", "lr", "table-14")
     assert p["sweep.report.explicit"] == "alpha,mode,tune,paper"
     # defaults: alpha 0.05, the mode from the metric's name; tune and paper absent
-    p = sweep_params(_spec(grid))
-    assert (p["sweep.report.alpha"], p["sweep.report.mode"], p["sweep.report.explicit"]) == (0.05, "min", "")
+    p = sweep_record(_spec(grid)).to_params()
+    assert (p["sweep.report.alpha"], p["sweep.report.mode"], p["sweep.report.explicit"]) == ("0.05", "min", "")
     assert "sweep.report.tune" not in p and "sweep.report.paper" not in p
     acc = _spec(grid, report={"metric": "val/accuracy"})
-    assert acc.report.mode == "max" and sweep_params(acc)["sweep.report.explicit"] == "metric"
+    assert acc.report.mode == "max" and sweep_record(acc).to_params()["sweep.report.explicit"] == "metric"
     # a search sweep reports its searched metric in the search's direction unless told otherwise
     s = _spec({}, search={"metric": "val/loss", "mode": "max", "space": {"lr": {"uniform": [1e-3, 1e-2]}}},
               report={"metric": "val/loss"})

@@ -1,0 +1,162 @@
+"""The results of a sweep's comparisons, as data: the unpaired comparison across seeds
+(``Comparison``: one ``GroupSummary`` per value of the axis, the Kruskal-Wallis ``Omnibus``, the
+post-hoc ``PairTest`` rows) and the paired analysis with seeds as blocks (``PairedAnalysis``: the
+``FriedmanResult`` and one ``PairedRow`` per variant). They render as pandas frames here and as
+markdown in ``orchestrator.report.render.comparisons``.
+"""
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pandas as pd
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    value: Hashable
+    n: int
+    n_excluded: int
+    mean: float
+    std: float
+    median: float
+    ci_low: float
+    ci_high: float
+    change_pct: float
+
+
+@dataclass(frozen=True)
+class Omnibus:
+    status: str  # "ok", "all values identical", or "not run: <why>"
+    groups: tuple[Hashable, ...]
+    n_total: int
+    df: int
+    h: float
+    p: float  # chi-square approximation
+    epsilon_sq: float
+    perm_p: float  # nan when not computed
+    perm_method: str  # "exact", "monte-carlo", or "" when not computed
+    perm_count: int  # partitions enumerated (exact) or resamples drawn (monte-carlo)
+    test: str = "kruskal-wallis"
+
+
+@dataclass(frozen=True)
+class PairTest:
+    family: str  # "baseline" (variant vs baseline) or "all-pairs"
+    a: Hashable
+    b: Hashable
+    n_a: int
+    n_b: int
+    u: float  # U statistic of a
+    p: float
+    p_holm: float
+    reject: bool
+    cliffs_delta: float
+    min_p: float
+    method: str
+
+
+@dataclass
+class Comparison:
+    metric: str
+    axis: str
+    baseline: Hashable | None
+    confidence: float
+    alpha: float
+    seed: int
+    n_resamples: int
+    groups: list[GroupSummary]
+    omnibus: Omnibus
+    posthoc: list[PairTest]
+    excluded: list[dict[str, Any]]
+    notes: list[str] = field(default_factory=list)
+
+    def group(self, value: Hashable) -> GroupSummary:
+        for g in self.groups:
+            if g.value == value:
+                return g
+        raise KeyError(value)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per group, columns as in GroupSummary."""
+        return pd.DataFrame([asdict(g) for g in self.groups],
+                            columns=list(GroupSummary.__dataclass_fields__))
+
+    def posthoc_frame(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(r) for r in self.posthoc],
+                            columns=list(PairTest.__dataclass_fields__))
+
+    def excluded_frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.excluded, columns=["value", "seed", "status", "reason"]
+                            + (["trial_id"] if any("trial_id" in e for e in self.excluded) else []))
+
+
+@dataclass(frozen=True)
+class PairedRow:
+    """One variant against the baseline on the seeds both have."""
+
+    variant: Hashable
+    n: int  # common seeds (pairs)
+    seeds: tuple  # the common seeds
+    base_mean: float  # the baseline's mean on those seeds
+    diff_mean: float  # mean of variant - baseline per seed
+    diff_pct: float  # 100 diff_mean / |base_mean|
+    diff_sd: float
+    d_z: float  # diff_mean / diff_sd
+    ci_low: float  # bootstrap CI of the mean difference
+    ci_high: float
+    confidence: float
+    p_perm: float  # paired sign-flip permutation test (the verdict's test)
+    p_perm_holm: float
+    perm_method: str
+    w_plus: float  # Wilcoxon signed-rank
+    p_wilcoxon: float
+    p_wilcoxon_holm: float
+    wilcoxon_method: str
+    zeros: int  # zero differences (dropped by Wilcoxon)
+    min_p_holm: float  # smallest Holm-adjusted p the design can reach (permutation test)
+    mde: float  # true mean difference found with 80% power at this n (inf: unreachable)
+    mde_pct: float
+    verdict: str
+
+
+@dataclass(frozen=True)
+class FriedmanResult:
+    status: str  # "ok", "not run: <why>" or "all values tied within every block"
+    groups: tuple
+    blocks: int
+    chi2: float
+    p: float  # chi-square approximation
+    perm_p: float
+    perm_method: str
+    perm_count: int
+    kendall_w: float
+    min_p: float  # smallest permutation p without ties
+
+
+@dataclass
+class PairedAnalysis:
+    design: str  # "paired" or "unpaired"
+    why: str  # one paragraph: which design applies and why
+    metric: str
+    axis: str
+    baseline: Hashable | None
+    alpha: float
+    mode: str  # "min" or "max"
+    friedman: FriedmanResult | None
+    rows: list[PairedRow]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def paired(self) -> bool:
+        return self.design == "paired"
+
+    def row(self, variant: Hashable) -> PairedRow:
+        for r in self.rows:
+            if r.variant == variant:
+                return r
+        raise KeyError(variant)
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame([asdict(r) for r in self.rows], columns=list(PairedRow.__dataclass_fields__))

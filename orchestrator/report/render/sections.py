@@ -1,0 +1,208 @@
+"""The markdown of a sweep report, section by section, from ``ReportData`` (built by
+``orchestrator.report.build``). Fixed order and formatting, no timestamps: the same runs give
+the same bytes."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pandas as pd
+
+from orchestrator.core.fmt import cell_text, norm_value, num, order_key, same_value
+from orchestrator.core.status import TrialStatus
+from orchestrator.report import efficiency
+from orchestrator.report.compare import tuning, verdicts
+from orchestrator.report.compare.results import Comparison, PairedAnalysis
+from orchestrator.report.paper import fidelity
+from orchestrator.report.paper.refs import PaperRef
+from orchestrator.report.render import tables
+from orchestrator.report.render.comparisons import comparison_markdown, paired_markdown, verdict_lines
+from orchestrator.report.runs import SweepRuns
+from orchestrator.report.settings import SweepFile
+from orchestrator.report.stats import power
+
+
+@dataclass
+class ReportData:
+    """Everything the markdown is written from."""
+
+    data: SweepRuns
+    sweep_file: SweepFile
+    df: pd.DataFrame  # every trial, with a ``_cell`` label
+    sdf: pd.DataFrame  # the trials the statistics use (after tuning; else df)
+    comp: Comparison
+    paired: PairedAnalysis
+    by_depth: dict[Any, tuple[Comparison, PairedAnalysis]]
+    rows: list[dict[str, Any]]  # summary.csv
+    labels: list[str]  # the cells in report order
+    metric: str
+    axis: str
+    mode: str
+    plots: list[tuple[str, str]]
+    plot_notes: list[str]
+    libraries: dict[str, str]
+    ref: PaperRef | None = None
+    tuned: tuning.Tuning | None = None
+    notes: list[str] = field(default_factory=list)
+    extra: list[str] = field(default_factory=list)  # sections built elsewhere (iso-FLOP, scaling)
+    search: list[str] = field(default_factory=list)  # a search sweep's "Search" section
+
+
+def markdown(r: ReportData) -> str:
+    parts = (header, search_section, results, verdict_section, statistics, tuning_section, paper_section, trials,
+             results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
+    return "\n".join(line for part in parts for line in part(r)) + "\n"
+
+
+def search_section(r: ReportData) -> list[str]:
+    return r.search
+
+
+def header(r: ReportData) -> list[str]:
+    data, df = r.data, r.df
+    fin_n = int((df["status"] == TrialStatus.FINISHED).sum())
+    base = "none" if r.comp.baseline is None else f"`{cell_text(r.comp.baseline)}`"
+    parent = f"`{data.parent_run_id}`" if data.parent_run_id else "(none found)"
+    lines = [f"# Sweep report: {data.name}", "",
+             f"- MLflow: experiment(s) {', '.join(f'`{e}`' for e in data.experiment_ids)}, parent run {parent}",
+             f"- Trials: {len(df)} ({fin_n} finished), from {len(df) + len(data.duplicates)} MLflow trial runs",
+             f"- Metric `{r.metric}` ({verdicts.direction_words(r.mode)}) compared across `{r.axis}`, baseline "
+             f"{base}; samples are seeds; design: {r.paired.design}; alpha {r.comp.alpha:g}"]
+    if r.comp.baseline is not None:
+        lines.append(f"- Baseline {base}: {baseline_setup(r.sdf, r.axis, r.comp.baseline, r.tuned)}")
+    return lines
+
+
+def _values(part: pd.DataFrame, col: str) -> list[Any]:
+    if col not in part.columns:
+        return []
+    return sorted({norm_value(v) for v in part[col] if norm_value(v) is not None}, key=order_key)
+
+
+def baseline_setup(df: pd.DataFrame, axis: str, baseline: Any, tuned: tuning.Tuning | None) -> str:
+    """Which init and lr the baseline's trials used (``init_std`` "auto" resolved)."""
+    part = df[df[axis].map(lambda v: same_value(v, baseline))]
+    inits = []
+    for init in _values(part, "params.resolved.model.init_std") or _values(part, "params.model.init_std"):
+        if str(init) == "auto":
+            widths = _values(part, "params.resolved.model.d_model")
+            inits += [f"auto = 1/sqrt(d_model) = {num(w ** -0.5, 4)} (d_model {w})" for w in widths] or ["auto"]
+        else:
+            inits.append(num(init, 4))
+    lrs = [num(v, 4) for v in _values(part, "params.optim.lr")]
+    lr = " / ".join(lrs) or "(not logged)"
+    if tuned is not None and tuned.axis == "lr":
+        lr += " (the best of the tuning axis, see Tuning)"
+    return f"init_std {' / '.join(inits) or '(not logged)'}; lr {lr}"
+
+
+def results(r: ReportData) -> list[str]:
+    lines = ["", "## Results", ""]
+    lines += tables.paper_table([row for row in r.rows if row["scope"] == "all"], r.comp.confidence)
+    pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
+    tuned = f" Each variant at its chosen `{r.tuned.axis}` (see Tuning)." if r.tuned else ""
+    return lines + ["", "Mean, std and the percentile-bootstrap CI are over finished seeds. Step time is the "
+                    f"median `perf/step_time_ms` of a run, peak memory {memory_text(r.sdf)}, params "
+                    "`model/params`; each is averaged over the finished seeds of a variant. Changes are "
+                    "relative to the baseline's mean." + pooled + tuned]
+
+
+def memory_text(df) -> str:
+    """Which metric the memory column is: the model's training memory where runs logged it."""
+    used = set(df["mem_metric"].dropna()) if "mem_metric" in df.columns else set()
+    train = ("the max `perf/train_mem_mb` (the model's training memory: what the forward saves for "
+             "backward plus parameters, gradients and optimizer state)")
+    if used == {"perf/train_mem_mb"}:
+        return train
+    if "perf/train_mem_mb" in used:
+        return train + ", or the max `perf/peak_mem_mb` (the process's peak) for runs without it"
+    return ("the max `perf/peak_mem_mb` (the process's peak RSS on CPU, the allocator's peak on CUDA: these "
+            "runs have no `perf/train_mem_mb`)")
+
+
+def verdict_section(r: ReportData) -> list[str]:
+    return ["", "## Verdicts", "", *verdict_lines(r.paired)]
+
+
+def statistics(r: ReportData) -> list[str]:
+    return ["", "## Statistics", "", "### Paired analysis (seeds as blocks)", "", paired_markdown(r.paired).rstrip(),
+            "", "### Unpaired analysis (seeds as independent samples)", "", comparison_markdown(r.comp).rstrip()]
+
+
+def tuning_section(r: ReportData) -> list[str]:
+    return tuning.lines(r.tuned, r.metric, r.axis, r.mode) if r.tuned else []
+
+
+def paper_section(r: ReportData) -> list[str]:
+    if r.ref is None:
+        return []
+    scope = [row for row in r.rows if row["scope"] == "all"]
+    return fidelity.section(r.ref, r.comp, r.paired, scope, r.by_depth, r.mode)
+
+
+def trials(r: ReportData) -> list[str]:
+    lines = ["", "## Failed, diverged and incomplete trials", ""]
+    bad = tables.left_out(r.df, r.metric, r.axis)
+    lines += tables.left_out_table(bad, r.axis) if bad else ["None: every trial finished with a finite metric."]
+    if r.data.duplicates:
+        lines += ["", "Duplicate MLflow runs of one trial (the most complete run is kept: finished, "
+                  "then with the metric, then the latest end/start time):", ""]
+        lines += tables.duplicates_table(r.data.duplicates)
+    notes = r.data.notes + r.sweep_file.notes + r.notes
+    return lines + ([""] + [f"- {n}" for n in notes] if notes else [])
+
+
+def results_by_depth(r: ReportData) -> list[str]:
+    if not r.by_depth:
+        return []
+    lines = ["", "## Results by depth", ""]
+    for d, (c, pa) in r.by_depth.items():
+        scope = f"n_layers={cell_text(d)}"
+        lines += [f"### n_layers = {cell_text(d)}", ""]
+        lines += tables.paper_table([row for row in r.rows if row["scope"] == scope], c.confidence)
+        lines += ["", "Verdicts:", "", *verdict_lines(pa), "", paired_markdown(pa).rstrip(), "",
+                  comparison_markdown(c).rstrip(), ""]
+    return lines
+
+
+def extra_sections(r: ReportData) -> list[str]:
+    return r.extra
+
+
+def plots(r: ReportData) -> list[str]:
+    lines = ["", "## Plots", ""]
+    for caption, fname in r.plots:
+        lines += [f"{caption}:", "", f"![{caption}]({fname})", ""]
+    return lines + [f"- {n}" for n in r.plot_notes]
+
+
+def analysis(r: ReportData) -> list[str]:
+    ana = tables.analysis_table(r.df, r.labels)
+    if not ana:
+        return []
+    return ["", "## Representation analysis", "",
+            "Mean ± std over finished seeds of the `analysis/...` metrics (the representation "
+            "analysis a trial runs at its end with `train.analyze`).", ""] + ana
+
+
+def compute(r: ReportData) -> list[str]:
+    return (["", "## Compute", ""] + tables.compute_table(r.df, r.labels)
+            + ["", "All trials count, failed and diverged included (steps actually reached). Tokens = "
+               "steps x batch x seq_len x grad_accum; wall time = run end - run start in MLflow."]
+            + efficiency.lines(r.df, r.data.parent_metrics))
+
+
+def reproducibility(r: ReportData) -> list[str]:
+    df, sf = r.df, r.sweep_file
+    shas = sorted({str(s) for s in df["git_sha"] if s is not None})
+    seeds = sorted({norm_value(s) for s in df["seed"] if norm_value(s) is not None}, key=order_key)
+    lines = ["", "## Reproducibility", "",
+             f"- Git commit(s): {', '.join(f'`{s}`' for s in shas) if shas else '(not logged)'}",
+             f"- Seeds: {', '.join(str(s) for s in seeds) if seeds else '(none)'}",
+             f"- Statistics seed: {r.comp.seed}; bootstrap and permutation resamples: {r.comp.n_resamples}; "
+             f"power simulations: seed 0, {power.SIMS} simulated sweeps per value",
+             "- Libraries: " + ", ".join(f"{k} {v}" for k, v in r.libraries.items()),
+             "", f"Sweep file ({sf.source}):", ""]
+    if sf.text is None:
+        return lines + ["(not found: no YAML artifact on the parent run)"]
+    return lines + ["```yaml", sf.text.rstrip("\n"), "```"]

@@ -1,0 +1,177 @@
+"""The tables of a sweep report, from the runs frame (one row per trial) and ``stats.compare``.
+
+- ``group_rows``: the paper-style numbers per variant (statistics plus step time, peak memory,
+  parameters and compute, with their change vs the baseline); they are ``summary.csv``;
+- ``paper_table``: those rows as markdown;
+- ``left_out``: trials that are not samples (not finished, or finished without a finite metric);
+- ``analysis_table``: mean ± std of the ``analysis/...`` metrics per cell;
+- ``compute_table``: trials, tokens, FLOPs and wall time per cell, all trials counted;
+- ``add_paired_columns``: each variant's paired comparison and verdict, for summary.csv.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.core.fmt import cell_text, natural_key, norm_value, num, order_key, pct, same_value, sci, table
+from orchestrator.core.status import TrialStatus
+from orchestrator.report.compare import verdicts
+from orchestrator.report.compare.across_seeds import Comparison
+from orchestrator.report.compare.results import PairedAnalysis
+from orchestrator.report.render.figures import finished
+
+
+def change_pct(x: float, base: float) -> float:
+    """100 (x - base) / |base|; NaN when either is missing or base is 0."""
+    if x is None or base is None or math.isnan(x) or math.isnan(base) or base == 0:
+        return math.nan
+    return 100.0 * (x - base) / abs(base)
+
+
+def finite_mean(xs) -> float:
+    """The mean of the finite values (NaN when there are none)."""
+    a = np.asarray([x for x in xs if x is not None], np.float64)
+    a = a[np.isfinite(a)]
+    return float(a.mean()) if len(a) else math.nan
+
+
+def _rows_of(df: pd.DataFrame, axis: str, value: Any) -> pd.DataFrame:
+    # astype(bool): an empty object-dtype mask would select columns (an empty frame without any)
+    return df[df[axis].map(lambda v: same_value(v, value)).astype(bool)]
+
+
+def _totals(part: pd.DataFrame) -> tuple[float, float, float]:
+    """Tokens, FLOPs and wall time of some trials (missing values count 0)."""
+    return tuple(float(np.nansum(part[c].astype(float))) for c in ("tokens", "flops", "wall_time_s"))
+
+
+def _variant_numbers(fin: pd.DataFrame, every: pd.DataFrame) -> dict[str, float]:
+    """Means over a variant's finished trials, compute totals over all of its trials."""
+    tokens, flops, wall = _totals(every)
+    return {"step_time_ms": finite_mean(fin["step_time_ms"]), "peak_mem_mb": finite_mean(fin["peak_mem_mb"]),
+            "params": finite_mean(fin["model/params"]) if "model/params" in fin else math.nan,
+            "trials": len(every), "tokens": tokens, "flops": flops, "wall_time_s": wall}
+
+
+def group_rows(comp: Comparison, df: pd.DataFrame, scope: str) -> list[dict[str, Any]]:
+    """The paper-style numbers per group: statistics plus step time, memory, params, compute."""
+    fin = finished(df)
+    aux = {g.value: _variant_numbers(_rows_of(fin, comp.axis, g.value), _rows_of(df, comp.axis, g.value))
+           for g in comp.groups}
+    base = aux.get(comp.baseline, {}) if comp.baseline is not None else {}
+    out = []
+    for g in comp.groups:
+        x = aux[g.value]
+        out.append({"scope": scope, "metric": comp.metric, "axis": comp.axis, "variant": norm_value(g.value),
+                    "baseline": g.value == comp.baseline, "n": g.n, "n_excluded": g.n_excluded,
+                    "mean": g.mean, "std": g.std, "median": g.median, "ci_low": g.ci_low,
+                    "ci_high": g.ci_high, "change_pct": g.change_pct,
+                    "step_time_ms": x["step_time_ms"],
+                    "step_time_change_pct": change_pct(x["step_time_ms"], base.get("step_time_ms", math.nan)),
+                    "peak_mem_mb": x["peak_mem_mb"],
+                    "peak_mem_change_pct": change_pct(x["peak_mem_mb"], base.get("peak_mem_mb", math.nan)),
+                    "params": x["params"], "params_change_pct": change_pct(x["params"], base.get("params", math.nan)),
+                    "trials": x["trials"], "tokens": x["tokens"], "flops": x["flops"],
+                    "wall_time_s": x["wall_time_s"]})
+    return out
+
+
+def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[str]:
+    level = f"{confidence * 100:g}%"
+    body = []
+    for r in rows:
+        name = cell_text(r["variant"]) + (" (baseline)" if r["baseline"] else "")
+        ms = f"{num(r['mean'])} ± {num(r['std'])}" if r["n"] > 1 else num(r["mean"])
+        body.append([name, str(r["n"]), ms, f"[{num(r['ci_low'])}, {num(r['ci_high'])}]",
+                     pct(r["change_pct"]), num(r["step_time_ms"], 4), pct(r["step_time_change_pct"]),
+                     num(r["peak_mem_mb"], 5), pct(r["peak_mem_change_pct"]), num(r["params"], 12),
+                     pct(r["params_change_pct"])])
+    return table(["variant", "n", "mean ± std", f"{level} CI", "change", "step ms", "step change",
+                  "peak MB", "memory change", "params", "params change"], body)
+
+
+def left_out(df: pd.DataFrame, metric: str, axis: str) -> list[dict[str, Any]]:
+    """Trials that are not samples: not finished, or finished without a finite metric."""
+    out = []
+    for _, r in df.iterrows():
+        value = r.get(metric, math.nan)
+        value = math.nan if value is None else float(value)
+        if TrialStatus.parse(r["status"]) is not TrialStatus.FINISHED:
+            reason = f"status {r['status']}"
+        elif not math.isfinite(value):
+            reason = f"no {metric}" if math.isnan(value) else f"{metric} is {value}"
+        else:
+            continue
+        out.append({"trial_id": r["trial_id"], "variant": r.get(axis), "seed": r.get("seed"),
+                    "status": r["status"], "reason": reason, "steps": r["steps_done"],
+                    "run_id": r["run_id"]})
+    return sorted(out, key=lambda e: (order_key(e["variant"]), order_key(e["seed"]), e["trial_id"]))
+
+
+def left_out_table(bad: list[dict[str, Any]], axis: str) -> list[str]:
+    return table(["trial", axis, "seed", "status", "reason", "steps reached", "run"],
+                 [[cell_text(b["trial_id"]), cell_text(b["variant"]), cell_text(b["seed"]),
+                   cell_text(b["status"]), b["reason"], num(b["steps"], 12), f"`{b['run_id']}`"] for b in bad])
+
+
+def duplicates_table(duplicates: list[dict[str, Any]]) -> list[str]:
+    return table(["trial", "kept run", "kept status", "dropped run", "dropped status"],
+                 [[cell_text(d["trial_id"]), f"`{d['kept']}`", d["kept_status"], f"`{d['dropped']}`",
+                   d["dropped_status"]] for d in duplicates])
+
+
+def analysis_table(df: pd.DataFrame, labels: list[str]) -> list[str]:
+    """Mean ± std (n) over finished seeds of each ``analysis/...`` metric per cell; [] if none."""
+    keys = sorted((c for c in df.columns if isinstance(c, str) and c.startswith("analysis/")), key=natural_key)
+    if not keys:
+        return []
+    fin = finished(df)
+    body = []
+    for k in keys:
+        row = [k]
+        for lab in labels:
+            v = np.asarray(fin.loc[fin["_cell"] == lab, k].astype(float))
+            v = v[np.isfinite(v)]
+            row.append("-" if not len(v) else num(v.mean(), 4) + (
+                f" ± {num(v.std(ddof=1), 3)}" if len(v) > 1 else "") + f" (n={len(v)})")
+        body.append(row)
+    return table(["metric"] + labels, body)
+
+
+def compute_table(df: pd.DataFrame, labels: list[str]) -> list[str]:
+    """Trials, tokens, FLOPs and wall time per cell and in total (every trial counts)."""
+    rows, trials, tokens, flops, wall = [], 0, 0.0, 0.0, 0.0
+    for lab in labels:
+        part = df[df["_cell"] == lab]
+        t, fl, w = _totals(part)
+        trials, tokens, flops, wall = trials + len(part), tokens + t, flops + fl, wall + w
+        rows.append([lab, str(len(part)), num(t, 15), sci(fl), f"{w:.1f}"])
+    rows.append(["**total**", str(trials), num(tokens, 15), sci(flops), f"{wall:.1f}"])
+    return table(["variant", "trials", "tokens", "FLOPs (3 x forward)", "wall time (s)"], rows)
+
+
+PAIRED_COLUMNS = ("verdict", "design", "n_pairs", "diff_mean", "diff_pct", "diff_sd", "d_z", "diff_ci_low",
+                  "diff_ci_high", "p_perm", "p_perm_holm", "p_wilcoxon", "p_wilcoxon_holm", "min_p_holm", "mde",
+                  "mde_pct", "alpha", "better")
+
+
+def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis) -> None:
+    """The paired comparison and verdict of each variant, as summary.csv columns (in place)."""
+    nan = math.nan
+    for row in rows:
+        vals = dict.fromkeys(PAIRED_COLUMNS, nan)
+        vals.update(design=pa.design, alpha=pa.alpha, better="lower" if pa.mode == "min" else "higher",
+                    verdict=verdicts.BASELINE if row["baseline"] else verdicts.UNTESTED)
+        hit = [r for r in pa.rows if same_value(r.variant, row["variant"])]
+        if hit:
+            r = hit[0]
+            vals.update(verdict=r.verdict, n_pairs=r.n, diff_mean=r.diff_mean, diff_pct=r.diff_pct,
+                        diff_sd=r.diff_sd, d_z=r.d_z, diff_ci_low=r.ci_low, diff_ci_high=r.ci_high,
+                        p_perm=r.p_perm, p_perm_holm=r.p_perm_holm, p_wilcoxon=r.p_wilcoxon,
+                        p_wilcoxon_holm=r.p_wilcoxon_holm, min_p_holm=r.min_p_holm, mde=r.mde, mde_pct=r.mde_pct)
+        elif not pa.paired and not row["baseline"]:
+            vals["verdict"] = "no verdict (unpaired design)"
+        row.update(vals)
