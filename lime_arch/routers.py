@@ -26,16 +26,17 @@ from lime_arch.router_base import (
     router_specs,
 )
 from lime_arch.routing.kinds.base import ROUTER_KINDS, RouterKind
+from lime_arch.routing.kinds.depth_attention import DEPTH_ATTENTION
 from lime_arch.routing.kinds.identity import IDENTITY
 from lime_arch.routing.kinds.linear import LINEAR
 from lime_arch.routing.kinds.mean import MEAN
 from lime_arch.routing.kinds.per_dim import PER_DIM
 from lime_arch.routing.kinds.same_head import SAME_HEAD
 
-__all__ = ["IDENTITY", "LINEAR", "MEAN", "PER_DIM", "ROUTERS", "ROUTER_KINDS", "SAME_HEAD", "AverageRouter",
-           "DilatedRouter", "FirstRouter", "FullRouter", "LastRouter", "NoHeadMixRouter", "NoneRouter",
-           "PerDimRouter", "Router", "RouterArg", "RouterKind", "build_router", "parse_router", "register_router",
-           "router_specs"]
+__all__ = ["DEPTH_ATTENTION", "IDENTITY", "LINEAR", "MEAN", "PER_DIM", "ROUTERS", "ROUTER_KINDS", "SAME_HEAD",
+           "AverageRouter", "DepthAttentionRouter", "DilatedRouter", "FirstRouter", "FullRouter", "LastRouter",
+           "NoHeadMixRouter", "NoneRouter", "PerDimRouter", "Router", "RouterArg", "RouterKind", "build_router",
+           "parse_router", "register_router", "router_specs"]
 
 
 @register_router("none")
@@ -104,3 +105,12 @@ class PerDimRouter(Router):
     """Each source head weighted by an Hd-vector instead of a scalar."""
 
     kind = PER_DIM
+
+
+@register_router("depth-attention")
+class DepthAttentionRouter(Router):
+    """Depth-Attention (arXiv 2606.05014): each layer's query scores the keys of layers 0..l at its
+    token and mixes their values; keys stay the layer's own; no parameters."""
+
+    kind = DEPTH_ATTENTION
+

@@ -159,6 +159,8 @@ def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump({**t.cfg.to_dict(), "resolved_model": mcfg.to_dict()}, sort_keys=True))
     yield config
+    if t.model.router.kind.token_dependent:
+        return  # the mixing depends on the tokens (depth attention, dynamic routers): no one weight matrix
     dense = [t.model.router.dense(l).detach().float().cpu().numpy() for l in range(mcfg.n_layers)]
     weights = folder / "router_weights.npz"
     np.savez(weights, **{f"layer_{l}": w for l, w in enumerate(dense)})
