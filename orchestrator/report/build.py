@@ -142,7 +142,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                         choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes,
                         scal.lines + evals,
                         search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
-                        families=families, margin=choice.margin,
+                        families=families, margin=choice.margin, iso=scal.iso,
                         sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [])
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded

@@ -53,6 +53,7 @@ class ReportData:
     margin: Any = None  # the equivalence margin of the metric (``orchestrator.decide.verdict.Margin``) or None
     sequential: list[str] = field(default_factory=list)  # the "Sequential seeds" section
     evidence: str = "screening"  # "screening" (one sweep) or "pooled" (``lime report --pool``)
+    iso: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (metric, diff) at equal FLOPs
 
 
 def markdown(r: ReportData) -> str:
@@ -105,7 +106,10 @@ def baseline_setup(df: pd.DataFrame, axis: str, baseline: Any, tuned: tuning.Tun
 
 def results(r: ReportData) -> list[str]:
     lines = ["", "## Results", ""]
-    lines += tables.paper_table([row for row in r.rows if row["scope"] == "all"], r.comp.confidence)
+    rows = [row for row in r.rows if row["scope"] == "all"]
+    if len(rows) >= 3:  # a field of variants: ranked first, by the metric and by it at equal compute
+        lines += ["### Ranking", ""] + tables.ranking_table(rows, r.iso, r.mode, r.metric) + ["", "### All numbers", ""]
+    lines += tables.paper_table(rows, r.comp.confidence)
     pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
     tuned = f" Each variant at its chosen `{r.tuned.axis}` (see Tuning)." if r.tuned else ""
     return lines + ["", "Mean, std and Student's t CI of the mean are over finished seeds. Step time is the "

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.core.fmt import cell_text, natural_key, norm_value, num, order_key, pct, same_value, sci, table
+from orchestrator.core.fmt import cell, cell_text, natural_key, norm_value, num, order_key, pct, same_value, sci, table
 from orchestrator.core.status import TrialStatus
 from orchestrator.report.compare import verdicts
 from orchestrator.report.compare.across_seeds import Comparison
@@ -91,6 +91,32 @@ def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[st
                      pct(r["params_change_pct"])])
     return table(["variant", "n", "mean ± std", f"{level} CI", "change", "step ms", "step change",
                   "peak MB", "memory change", "params", "params change"], body)
+
+
+def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]], mode: str,
+                  metric: str) -> list[str]:
+    """The variants ranked by the metric's mean, beside their rank at the baseline's training FLOPs
+    (``iso``: the iso-FLOP comparison's value at that budget; "-" where a variant's runs end before
+    it), their verdict against the baseline, step time and training memory."""
+    sign = 1.0 if mode == "min" else -1.0
+    ranked = sorted(rows, key=lambda r: (sign * r["mean"] if math.isfinite(r["mean"]) else math.inf,
+                                         order_key(r["variant"])))
+    at_budget = {k: v for k, v in iso.items() if math.isfinite(v[0])}
+    iso_rank = {k: i + 1 for i, (k, _) in enumerate(sorted(at_budget.items(), key=lambda kv: (sign * kv[1][0], kv[0])))}
+    body = []
+    for i, r in enumerate(ranked):
+        key = str(r["variant"])
+        name = cell_text(r["variant"]) + (" (baseline)" if r["baseline"] else "")
+        v = at_budget.get(key)
+        body.append([str(i + 1), name, num(r["mean"]), pct(r["change_pct"]), str(r.get("verdict") or "-"),
+                     str(iso_rank[key]) if key in iso_rank else "-", num(v[0]) if v else "-",
+                     pct(r["step_time_change_pct"]), pct(r["peak_mem_change_pct"])])
+    note = (f"Rank by the mean `{cell(metric)}` over seeds ({'lower' if mode == 'min' else 'higher'} is better); "
+            "equal-FLOPs rank: by `val/loss` at the baseline's final training FLOPs (the Iso-FLOP comparison "
+            "below; '-': the variant's runs end before that budget, or no curve was logged); the verdict is "
+            "the one of the Verdicts section, read off its interval.")
+    return table(["rank", "variant", "mean", "change", "verdict", "rank at equal FLOPs", "val/loss at the "
+                  "baseline's FLOPs", "step change", "memory change"], body) + ["", note]
 
 
 def left_out(df: pd.DataFrame, metric: str, axis: str) -> list[dict[str, Any]]:

@@ -38,6 +38,7 @@ class ScalingSection:
     lines: list[str] = field(default_factory=list)  # markdown: iso-FLOP, then scaling
     metrics: dict[str, float] = field(default_factory=dict)
     plot: str | None = None
+    iso: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (metric at the budget, diff)
 
 
 def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str, baseline: Any, mode: str,
@@ -52,6 +53,11 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
     samples = draws(lines, n_boot, seed)
     rows = isoflop.iso_rows(lines, histories, samples)
     out.lines += isoflop.section(rows, metric)
+    if not has_size_axis(lines) and len({r.line.label for r in rows}) == len(rows):  # one rung per line
+        for r in rows:
+            if math.isfinite(r.base_mean) and (r.line.is_baseline or math.isfinite(r.diff)):
+                out.iso[str(r.line.value)] = (r.base_mean + (0.0 if r.line.is_baseline else r.diff),
+                                              0.0 if r.line.is_baseline else r.diff)
     for r in rows:
         if not r.line.is_baseline and math.isfinite(r.diff):
             key = f"isoflop/{slug(r.line.label)}" + (f"/{slug(r.rung)}" if r.rung else "")
