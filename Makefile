@@ -5,6 +5,8 @@ BIN     := $(VENV)/bin
 # A plain `torch` requirement can pull a multi-GB CUDA build; pin the install step.
 TORCH   ?= torch==2.13.0
 SWEEP   ?= default
+# e.g. SWEEP_ARGS=--until-decided: seeds in waves until every comparison is decided
+SWEEP_ARGS ?=
 PYTEST_ARGS ?=
 # `make bench` adds compiled rows (the paper's Table 17 setting); BENCH_ARGS= for eager only
 BENCH_ARGS ?= --compile default
@@ -46,7 +48,7 @@ test-all: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 sweep: $(STAMP)
-	$(BIN)/lime sweep run sweeps/$(SWEEP).yaml
+	$(BIN)/lime sweep run sweeps/$(SWEEP).yaml $(SWEEP_ARGS)
 	$(BIN)/lime report $(SWEEP)
 
 report: $(STAMP)

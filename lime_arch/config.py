@@ -42,7 +42,9 @@ class ModelConfig:
     router: str = "none"
     # How layers reuse earlier hidden states or values (lime_arch.depth_mix): "none" (the plain
     # residual stream), "denseformer[-<dilation>[-<period>]]", "hyper-connections[-<rate>]",
-    # "hyper-connections-static[-<rate>]", "value-residual", "value-residual-learned".
+    # "hyper-connections-static[-<rate>]", "hyper-connections-corl[-<rate>]", "value-residual",
+    # "value-residual-learned", "attn-res", "attn-res-block[-<size>]",
+    # "mhc[-<rate>[-<iters>[-<post_gain>]]]", "mhc-sigmoid[-...]", "mudd".
     depth_mix: str = "none"
     router_init: str = "paper"
     attn_impl: str = "sdpa"

@@ -6,7 +6,7 @@ Layer 0 never has parameters: it reads its own K/V.
 
 Adding a router is one class and one ``@register_router(name)`` line here: the class declares its
 ``kind`` by name (``KindName("linear")``; the kinds are ``identity``, ``mean``, ``linear``,
-``same-head``, ``per-dim``, one module each in ``lime_arch/routing/kinds/``), its ``sources``
+``same-head``, ``per-dim``, ``depth-attention``, one module each in ``lime_arch/routing/kinds/``), its ``sources``
 and, for a family such as ``first-<int>``, its typed ``arguments`` (any number, written after the
 name: ``first-4``, ``name-2-8``; each is set on the instance under its name). Registration checks
 all of that, so a mistake fails at import, not at forward time.
@@ -33,10 +33,11 @@ from lime_arch.router_base import (
     router_specs,
 )
 
-# and, loaded on first use (``__getattr__``): ROUTER_KINDS, RouterKind, IDENTITY, LINEAR, MEAN, SAME_HEAD, PER_DIM
-__all__ = ["ROUTERS", "AverageRouter", "DilatedRouter", "FirstRouter", "FullRouter", "KindName", "LastRouter",
-           "NoHeadMixRouter", "NoneRouter", "PerDimRouter", "Router", "RouterArg", "build_router", "parse_router",
-           "register_router", "router_specs"]
+# and, loaded on first use (``__getattr__``): ROUTER_KINDS, RouterKind, IDENTITY, LINEAR, MEAN, SAME_HEAD, PER_DIM,
+# DEPTH_ATTENTION
+__all__ = ["ROUTERS", "AverageRouter", "DepthAttentionRouter", "DilatedRouter", "FirstRouter", "FullRouter",
+           "KindName", "LastRouter", "NoHeadMixRouter", "NoneRouter", "PerDimRouter", "Router", "RouterArg",
+           "build_router", "parse_router", "register_router", "router_specs"]
 
 
 def __getattr__(name: str):
@@ -119,3 +120,12 @@ class PerDimRouter(Router):
     """Each source head weighted by an Hd-vector instead of a scalar."""
 
     kind = KindName("per-dim")
+
+
+@register_router("depth-attention")
+class DepthAttentionRouter(Router):
+    """Depth-Attention (arXiv 2606.05014): each layer's query scores the keys of layers 0..l at its
+    token and mixes their values; keys stay the layer's own; no parameters."""
+
+    kind = KindName("depth-attention")
+

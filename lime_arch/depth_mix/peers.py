@@ -1,5 +1,6 @@
 """The paper's peer architectures as depth mixes (arXiv 2502.09245, Section 5 and Appendix C):
-DenseFormer, Hyper-Connections (dynamic and static) and ResFormer's value residual.
+DenseFormer, Hyper-Connections (dynamic, static, and as the LIMe authors ran it) and ResFormer's
+value residual. The 2026 field (mHC, Attention Residuals, MUDDFormer) has modules of its own.
 
 Each restates its original paper; the hooks are described in ``lime_arch.depth_mix.registry``.
 Shapes: B batch, T tokens, C = d_model, n the HC expansion rate, R KV heads, Hd head dim.
@@ -124,7 +125,7 @@ class HyperConnections(DepthMix):
         n, K = self.rate, 2 * self.n_layers
         alpha = torch.zeros(K, n, n + 1)  # per sublayer [a_m | A_r]
         for k in range(K):
-            alpha[k, k % n, 0] = 1.0
+            alpha[k, self.stream(k), 0] = 1.0
             alpha[k, :, 1:] = torch.eye(n)
         self.static_alpha = nn.Parameter(alpha)
         self.static_beta = nn.Parameter(torch.ones(K, n))
@@ -135,6 +136,17 @@ class HyperConnections(DepthMix):
     def decays(self, name: str) -> bool:
         return name.startswith("proj.")
 
+    def stream(self, k: int) -> int:
+        """The stream sublayer k reads at init (a_m = e_stream): the HC paper indexes the sublayers."""
+        return k % self.rate
+
+    def norm(self, H: Tensor) -> Tensor:
+        """norm(H) of the dynamic weights: RMSNorm per stream without a gain (B, T, n, C)."""
+        import torch
+
+        Hf = H.to(torch.promote_types(H.dtype, torch.float32))
+        return (Hf * torch.rsqrt(Hf.pow(2).mean(-1, keepdim=True) + self.norm_eps)).type_as(H)
+
     def _weights(self, k: int, H: Tensor) -> tuple[Tensor, Tensor]:
         """[a_m | A_r] (n, n+1) and b (n,) of sublayer k; dynamic: (B, T, n, n+1) and (B, T, n)."""
         import torch
@@ -143,9 +155,7 @@ class HyperConnections(DepthMix):
         if not self.dynamic:
             return alpha, beta
         n = self.rate
-        Hf = H.to(torch.promote_types(H.dtype, torch.float32))
-        Hn = (Hf * torch.rsqrt(Hf.pow(2).mean(-1, keepdim=True) + self.norm_eps)).type_as(H)  # (B, T, n, C)
-        d = torch.tanh(Hn @ self.proj[k])  # (B, T, n, n+2)
+        d = torch.tanh(self.norm(H) @ self.proj[k])  # (B, T, n, n+2)
         s = self.scale[k]
         return alpha + s[0] * d[..., :n + 1], beta + s[1] * d[..., n + 1]
 
@@ -179,6 +189,32 @@ class StaticHyperConnections(HyperConnections):
     """Static Hyper-Connections: the static weights alone (no W, no scales, no norm)."""
 
     dynamic = False
+
+
+@register_depth_mix("hyper-connections-corl")
+class CorlHyperConnections(HyperConnections):
+    """Dynamic Hyper-Connections as the LIMe authors ran them for the paper's HC rows (Table 1;
+    corl-team/lime, src/lm/hc.py), which differ from the HC paper in two choices:
+      - both sublayers of layer l read stream l mod n at init (a_m = e_{l mod n} for k = 2l and
+        2l + 1), where the HC paper indexes the sublayers (e_{k mod n});
+      - norm(H) of the dynamic weights is a LayerNorm without affine (mean removed, then divided by
+        the standard deviation, biased variance), where ``hyper-connections`` uses an RMSNorm
+        without gain; eps is the model's norm eps (the authors' nn.LayerNorm default is 1e-5, this
+        project's too).
+    Everything else is ``hyper-connections``: the static init is the baseline's stream in every
+    stream, the scales start at 0.01, the streams are summed before the final norm. Not carried
+    over: the authors' blocks also replace the pre-norms (RMSNorm with gain) by LayerNorms without
+    affine; those norms belong to the shared model, not the depth mix, and stay the baseline's."""
+
+    def stream(self, k: int) -> int:
+        return (k // 2) % self.rate
+
+    def norm(self, H: Tensor) -> Tensor:
+        import torch
+        import torch.nn.functional as F
+
+        Hf = H.to(torch.promote_types(H.dtype, torch.float32))
+        return F.layer_norm(Hf, Hf.shape[-1:], eps=self.norm_eps).type_as(H)  # (B, T, n, C)
 
 
 @register_depth_mix("value-residual")

@@ -131,6 +131,15 @@ class DepthMix(Declared):
         return 0
 
 
+class Submodule(Declared):
+    """A depth mix's own building block, declared without torch like the mix itself: a subclass
+    defines ``__init__`` (calling ``super().__init__()`` first) and ``forward`` as an ``nn.Module``
+    would, importing torch inside them; an instance is an ``nn.Module`` (the class mixed with it on
+    first use), so it nests in ``nn.ModuleList`` and keeps its parameters' names."""
+
+    implementation = "torch.nn:Module"
+
+
 DEPTH_MIXES = SpecRegistry("depth mix", key="model.depth_mix", base=DepthMix, arg_class=MixArg, reserved=_RESERVED)
 
 

@@ -99,9 +99,13 @@ def analyze_model(model, data, *, sequences: int = 32, seq_len: int = 128, alpha
     for n in notes:
         log.warning(n)
     router = model.router
-    dense = [None] + [router.dense(l).detach().float().cpu().numpy() for l in range(1, model.cfg.n_layers)]
-    smap = router_source_map(dense, model.cfg.kv_heads)
-    exp = expected_source_layer(dense, model.cfg.kv_heads)
+    if router.kind.token_dependent:  # the mixing depends on the tokens: no one source map
+        smap, exp = None, []
+        notes.append(f"router {router.spec}: token-dependent mixing, no static source map")
+    else:
+        dense = [None] + [router.dense(l).detach().float().cpu().numpy() for l in range(1, model.cfg.n_layers)]
+        smap = router_source_map(dense, model.cfg.kv_heads)
+        exp = expected_source_layer(dense, model.cfg.kv_heads)
     for l, e in enumerate(exp):
         metrics[f"analysis/expected_source/layer_{l}"] = float(e)
     return Analysis(metrics, ve, he, vp, hp, smap, exp, notes)

@@ -7,14 +7,14 @@ peak memory of one step (``memory.py``: a fresh subprocess per case on CPU), the
 FLOPs per token and routing overhead (``lime_arch.accounting``) and the bytes the routing moves
 per step at the measured bandwidth; the same for the naive peer (full routing with
 ``routing_impl="concat"``, the paper's concatenation); the same for the paper's peer
-architectures (``none+denseformer``, ``none+hyper-connections``: depth mixes over the none router,
-the analogue of its Table 17, without a target); and the decode speed of none, full and
-first-4. ``targets.py`` gives the verdicts, ``outputs.py`` writes the files. With a compile mode
-(``compile``: ``default``, ``reduce-overhead``) every shape is timed a second time with every
-variant's forward compiled (Inductor), ``none`` included, and those rows (``compile`` column) sit
-beside the eager ones: the setting of the paper's Table 17. The routing alone is the same kernels
-compiled or not (the routing runs as opaque ops under compile) and is measured once; decode stays
-eager.
+architectures and the 2026 field (``none+denseformer``, ``none+hyper-connections``, ``none+mhc``,
+...: depth mixes over the none router, the analogue of its Table 17, without a target); and the
+decode speed of none, full and first-4. ``targets.py`` gives the verdicts, ``outputs.py`` writes
+the files. With a compile mode (``compile``: ``default``, ``reduce-overhead``) every shape is timed
+a second time with every variant's forward compiled (Inductor), ``none`` included, and those rows
+(``compile`` column) sit beside the eager ones: the setting of the paper's Table 17. The routing
+alone is the same kernels compiled or not (the routing runs as opaque ops under compile) and is
+measured once; decode stays eager.
 
 CPU runs fp32 with one thread by default (OpenMP barriers under oversubscription make
 multi-threaded timings meaningless on a shared 2-core box); CUDA runs bf16 autocast with

@@ -38,24 +38,27 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
                           "Value-space Renyi entropy by layer"),
              plot_entropy({k: r.hidden_entropy for k, r in results.items()}, out / "hidden_entropy.png",
                           "Hidden-state Renyi entropy by layer"),
-             plot_expected_source({k: r.expected_source for k, r in results.items()}, out / "expected_source.png")]
+             plot_expected_source({k: r.expected_source for k, r in results.items() if len(r.expected_source)},
+                                  out / "expected_source.png")]
     probes = {k: r.value_probe for k, r in results.items() if r.value_probe is not None}
     if probes:
         paths.append(plot_probe(probes, out / "value_probe.png", "Value probe accuracy (is/are/was/were)"))
         paths.append(plot_probe({k: r.hidden_probe for k, r in results.items() if r.hidden_probe is not None},
                                 out / "hidden_probe.png", "Hidden-state probe accuracy"))
     for k, r in results.items():
+        if r.source_map is None:  # a token-dependent router: no static source map
+            continue
         paths.append(plot_router_map(r.source_map, out / f"router_map_{_safe(k)}.png", f"{k}: router source map"))
     lines = ["# Representation analysis", "",
              "| variant | layer | value entropy | hidden entropy | value probe | hidden probe | expected source |",
              "|---|---|---|---|---|---|---|"]
     for k, r in results.items():
-        for l in range(len(r.expected_source)):
+        for l in range(len(r.value_entropy[0])):
             vp = f"{r.value_probe[0][l]:.3f}" if r.value_probe is not None else "-"
             hp = f"{r.hidden_probe[0][l]:.3f}" if r.hidden_probe is not None else "-"
             lines.append(f"| {k} | {l} | {r.value_entropy[0][l]:.4f} +- {r.value_entropy[1][l]:.4f} | "
                          f"{r.hidden_entropy[0][l]:.4f} +- {r.hidden_entropy[1][l]:.4f} | {vp} | {hp} | "
-                         f"{r.expected_source[l]:.2f} |")
+                         f"{r.expected_source[l]:.2f} |" if len(r.expected_source) else "- |")
     notes = sorted({n for r in results.values() for n in r.notes})
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]

@@ -2,8 +2,9 @@
 
 The file is loaded and validated by the sweep layer; its numbers (the compared axis and its
 values, the seeds per arm, alpha, the metric and its direction, the paper result it mirrors)
-go to the torch-free planner (``orchestrator.report.planner``). ``--pilot SWEEP`` reads the
-spread of the per-seed paired differences from that sweep's finished MLflow runs.
+go to the torch-free planner (``orchestrator.report.planner``). The spread of the per-seed paired
+differences comes from ``--sigma``, ``--pilot SWEEP`` (that sweep's finished MLflow runs), or by
+default the sweep's own data: its finished runs, else its committed ``results/<name>/summary.csv``.
 
 The planner (scipy, pandas, statsmodels) loads after the file has passed validation
 (``importlib``), so a bad file is refused as fast as by ``lime sweep run``.
@@ -11,10 +12,13 @@ The planner (scipy, pandas, statsmodels) loads after the file has passed validat
 from __future__ import annotations
 
 import importlib
+import os
+from pathlib import Path
 from typing import Any
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import dotted
+from orchestrator.core.tracking import tracking_uri
 from orchestrator.sweep.spec import load_spec
 
 
@@ -65,14 +69,31 @@ def _check(args) -> None:
         raise ConfigError(f"plan: --alpha must be between 0 and 1, got {args.alpha}")
 
 
+def own_spread(name: str, metric: str):
+    """The sweep's own data (a ``planner.Spread``): its finished MLflow runs, else its committed
+    summary.csv, else None (a local store that does not exist is not created)."""
+    planner, uri = _planner(), tracking_uri()
+    if not uri.startswith("sqlite:///") or Path(uri[len("sqlite:///"):]).is_file():
+        try:
+            return planner.pilot(name, metric)
+        except ConfigError:
+            pass
+    root = Path(os.environ.get("LIME_RESULTS") or "results")
+    return planner.committed(root / name / "summary.csv")
+
+
 def cmd_plan(args) -> int:
     _check(args)
     spec = load_spec(args.file)  # every check; ConfigError -> one line, exit 2
     design, planner = design_of(spec, args.alpha), _planner()  # the planner loads once the file has passed
-    sigma, level, note = args.sigma, None, ""
-    if args.pilot:
-        sigma, level, note = planner.pilot(args.pilot, design.metric)
+    cell_text = importlib.import_module("orchestrator.core.fmt").cell_text
+    if args.sigma is not None:
+        spread = planner.Spread({}, None, f"--sigma {args.sigma:g} (given: no upper bound applied)")
+        spread = planner.Spread({cell_text(v): (args.sigma, None) for v in design.variants}, None, spread.source)
+    elif args.pilot:
+        spread = planner.pilot(args.pilot, design.metric)
+    else:
+        spread = own_spread(spec.name, design.metric)
     print(f"sweep {spec.name}: {spec.description}")
-    print(planner.plan_text(design, sigma=sigma, level=level, effect=args.effect, delta=args.delta, target=args.power,
-                            spread_note=note))
+    print(planner.plan_text(design, spread, effect=args.effect, delta=args.delta, target=args.power))
     return 0

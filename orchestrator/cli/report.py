@@ -4,7 +4,8 @@ SWEEP is a sweep name (the report takes what it compares from the sweep's parent
 a sweep file path: then the file, loaded and validated by the sweep layer, says what is compared
 and is shown in the report. A file that no longer validates (a data file moved, a key renamed)
 is still shown, and the report falls back to the parent run's settings, with a note.
-``--metric/--axis/--baseline`` override either. The file's optional report keys (``alpha``,
+``--metric/--axis/--baseline`` override either. ``--pool A,B,...`` pools the pre-registered comparisons
+of several sweeps into one family (``orchestrator.report.pool``). The file's optional report keys (``alpha``,
 ``mode``, ``paper``, ``tune``) are used when the sweep layer knows them. Reports go to
 ``--out``/<sweep>/, by default ``$LIME_RESULTS`` or ``results``.
 
@@ -22,6 +23,15 @@ from orchestrator.sweep.spec import load_spec
 
 
 def cmd_report(args) -> int:
+    if getattr(args, "pool", None):
+        if args.sweep or args.metric or args.axis or args.baseline:
+            raise ConfigError("report --pool: name the sweeps in --pool only (each is compared as its own report "
+                              "compares it; no SWEEP, --metric, --axis or --baseline)")
+        pool = importlib.import_module("orchestrator.report.pool")
+        print(pool.build_pool([n.strip() for n in args.pool.split(",") if n.strip()], out=args.out))
+        return 0
+    if not args.sweep:
+        raise ConfigError("report: name a sweep (or a sweep file), or --pool A,B,...")
     name, settings, sweep_file = args.sweep, None, None
     if _is_file(args.sweep):
         name, settings, sweep_file = settings_from_file(Path(args.sweep))

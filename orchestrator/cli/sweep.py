@@ -18,13 +18,21 @@ from orchestrator.sweep.spec import load_spec
 def cmd_run(args) -> int:
     add = _add_seeds(getattr(args, "add_seeds", None))
     spec = load_spec(args.file)  # every check; ConfigError -> one line, exit 2, nothing started
+    options = (getattr(args, "until_decided", False), getattr(args, "max_seeds", None), getattr(args, "margin", None))
+    if spec.decide is not None or options != (False, None, None):  # the file is valid; the wave options
+        spec = importlib.import_module("orchestrator.sweep.decide").with_options(spec, *options)
+    if spec.decide is not None and add:
+        raise ConfigError("--add-seeds: a sweep run until decided adds its own seeds (waves); drop --add-seeds")
     address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None
     if args.dry_run:
         print(_dry_run(spec, address, add))
         return 0
-    driver = importlib.import_module("orchestrator.sweep.driver")  # Ray, MLflow, torch: the file is valid
-    summary = driver.run_sweep(spec, address=address, add_seeds=add,
-                               connect_timeout=getattr(args, "connect_timeout", None))
+    timeout = getattr(args, "connect_timeout", None)
+    if spec.decide is not None:  # Ray, MLflow, torch from here on: the file is valid
+        decide = importlib.import_module("orchestrator.sweep.decide")
+        return 0 if decide.run_until_decided(spec, address=address, connect_timeout=timeout)["ok"] else 1
+    driver = importlib.import_module("orchestrator.sweep.driver")
+    summary = driver.run_sweep(spec, address=address, add_seeds=add, connect_timeout=timeout)
     return 0 if summary["ok"] else 1
 
 
@@ -56,7 +64,17 @@ def _dry_run(spec, address: str | None, add: int) -> str:
         return _before_last(text, f"warning: a run would refuse: {e}")
     # what the design can show (lime plan has the rest), then what a run would do to the sweep
     text = _before_last(view.dry_run_text(p.spec, address), dry_run_block(p.spec))
+    if spec.eval is not None:
+        text = _before_last(text, eval_line(spec))
     return _before_last(text, p.message) if p.message else text
+
+
+def eval_line(spec) -> str:
+    """The eval: block in one line (its tasks and data are checked when the sweep is launched)."""
+    tasks = ", ".join(f"{t} ({'default' if n is None else n}-shot)" for t, n in spec.eval.plan())
+    return (f"eval: after the trials, each finished trial's final checkpoint on {tasks}"
+            + (", with the gold-answer bits per byte of the multiple-choice ones" if spec.eval.gold_loss else "")
+            + "; tasks and data are checked at launch, before any training")
 
 
 def _before_last(text: str, line: str) -> str:

@@ -134,6 +134,8 @@ class MLflowHook(Hook):
         self.logger.flush()  # the run stays RUNNING: the trial continues on resume
 
     def on_end(self, t: Trainer, status: TrialStatus) -> None:
+        # where the final checkpoint is, so that a run id finds its model (lime eval, lime export)
+        self.logger.set_tags({"checkpoint_dir": str(t.ckpt_dir)})
         with tempfile.TemporaryDirectory() as d:
             for path in write_artifacts(t, Path(d)):
                 self.logger.log_artifact(path)
@@ -157,6 +159,8 @@ def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump({**t.cfg.to_dict(), "resolved_model": mcfg.to_dict()}, sort_keys=True))
     yield config
+    if t.model.router.kind.token_dependent:
+        return  # the mixing depends on the tokens (depth attention, dynamic routers): no one weight matrix
     dense = [t.model.router.dense(l).detach().float().cpu().numpy() for l in range(mcfg.n_layers)]
     weights = folder / "router_weights.npz"
     np.savez(weights, **{f"layer_{l}": w for l, w in enumerate(dense)})

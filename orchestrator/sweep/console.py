@@ -32,6 +32,8 @@ class TrialNamer:
     def name(self, trial) -> str:
         spec, cfg = self.spec, trial.config
         if spec.search is None:
+            if not all(a in cfg for a in spec.grid):  # Ray may name a trial before its config is resolved
+                return getattr(trial, "custom_trial_name", None) or str(trial.trial_id)
             return spec.trial_id({a: cfg[a] for a in spec.grid})
         s = spec.search
         try:

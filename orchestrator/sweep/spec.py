@@ -26,18 +26,10 @@ from lime_arch.errors import ConfigError
 from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
 from orchestrator.core.validation import validate
 from orchestrator.engine.trial_config import TrialConfig
+from orchestrator.sweep.blocks import AnalysisSpec, AshaSpec, ReportSpec, Resources, SearchSpec  # noqa: F401
 from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
 from orchestrator.sweep.files import FileError, is_base, origin_of, read_yaml, resolve, sweep_files
-from orchestrator.sweep.schema import (  # noqa: F401
-    AnalysisSpec,
-    AshaSpec,
-    ReportSpec,
-    Resources,
-    SearchSpec,
-    SweepSpec,
-    Trial,
-    trial_dirname,
-)
+from orchestrator.sweep.schema import SweepSpec, Trial, trial_dirname  # noqa: F401
 from orchestrator.tasks import TASKS
 
 

@@ -66,8 +66,8 @@ def _trial_main(spec: SweepSpec, ctx: dict, config: dict) -> None:
     clock = worker_clock(ctx.get("launched"), IMPORT_S)
     os.environ.setdefault(THREAD_TIMEOUT_ENV, "60")  # read in this process when Ray reuses it
     # a grid trial's id follows from its axis values; a search trial's sample number only Ray knows
-    trial_id = spec.trial_id({a: config[a] for a in spec.grid}) if spec.search is None and spec.grid \
-        else tune.get_context().get_trial_name()
+    grid_trial = spec.search is None and spec.grid and all(a in config for a in spec.grid)
+    trial_id = spec.trial_id({a: config[a] for a in spec.grid}) if grid_trial else tune.get_context().get_trial_name()
     run_attempt(spec, ctx, config, trial_id, tune, clock)
 
 

@@ -71,6 +71,24 @@ def per_dim(w, sources, kbuf, vbuf, l, q):
     return mix(kbuf), mix(vbuf)
 
 
+def depth_attention(w, sources, kbuf, vbuf, l, q):
+    """Depth-Attention (arXiv 2606.05014), per token t and KV head h with plain loops: the group's
+    mean query scores each source's key at t, a softmax over the sources mixes their values; the
+    keys stay the layer's own. q is (B, H, T, Hd); groups are H/R consecutive query heads."""
+    B, R, T, Hd = kbuf[0].shape
+    G = q.shape[1] // R
+    v_out = torch.zeros_like(vbuf[l])
+    for b in range(B):
+        for h in range(R):
+            for t in range(T):
+                qbar = sum(q[b, h * G + g, t] for g in range(G)) / G
+                s = torch.stack([(qbar * kbuf[src][b, h, t]).sum() / Hd ** 0.5 for src in sources])
+                e = torch.exp(s - s.max())
+                a = e / e.sum()
+                v_out[b, h, t] = sum(a[i] * vbuf[src][b, h, t] for i, src in enumerate(sources))
+    return kbuf[l], v_out
+
+
 def _stack(heads):
     """R tensors (B, T, Hd) -> (B, R, T, Hd)."""
     return torch.stack(heads, dim=1)
@@ -89,4 +107,6 @@ REFERENCES = {
     "linear": KindRef(linear, lambda n, R, Hd: R * n * R, lambda n, R, Hd: 2 * R * n * R * Hd),
     "same-head": KindRef(same_head, lambda n, R, Hd: R * n, lambda n, R, Hd: 2 * R * n * Hd),
     "per-dim": KindRef(per_dim, lambda n, R, Hd: R * n * R * Hd, lambda n, R, Hd: 2 * R * n * R * Hd),
+    # no parameters; the scores (R x n dot products of Hd) and the value mix (R x n x Hd)
+    "depth-attention": KindRef(depth_attention, lambda n, R, Hd: 0, lambda n, R, Hd: 2 * R * n * Hd),
 }

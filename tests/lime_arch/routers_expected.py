@@ -14,7 +14,7 @@ def expected_sources(spec: str, l: int) -> set[int]:
     j = int(arg) if arg else None
     if name == "none":
         return {l}
-    if name in ("full", "average", "no-head-mix", "per-dim"):
+    if name in ("full", "average", "no-head-mix", "per-dim", "depth-attention"):
         return set(range(l + 1))
     if name == "last":
         return set(range(max(0, l - j + 1), l + 1))

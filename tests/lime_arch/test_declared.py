@@ -73,6 +73,14 @@ def test_a_depth_mix_class_builds_a_module_that_is_an_instance_of_it():
     assert (mix.dilation, mix.period, mix.spec) == (2, 1, "denseformer-2-1")
 
 
+def test_a_depth_mix_building_block_is_an_nn_module():
+    mix = build_depth_mix("mudd", n_layers=3, d_model=8, n_heads=2, n_kv_heads=2, head_dim=4, norm_eps=1e-5, std=0.1)
+    block = mix.proj[0]  # MUDDFormer's DenseWeights, a registry.Submodule
+    assert isinstance(block, nn.Module) and type(block).__name__ == "DenseWeights"
+    assert [k for k, _ in block.named_parameters()] == ["w1", "w2"]
+    assert "proj.0.w1" in mix.state_dict()
+
+
 @pytest.mark.parametrize("depth_mix", depth_mix_specs())
 @pytest.mark.parametrize("router", router_specs((2,)))
 def test_models_survive_pickle_and_deepcopy(router, depth_mix):

@@ -67,6 +67,9 @@ class RouterKind:
 
     name: ClassVar[str]
     learned: ClassVar[bool] = False  # one weight per layer l >= 1 (``Router.weights``)
+    # the mixing depends on the tokens (it reads ``q``): ``dense`` has no single matrix, and the
+    # router maps of the analysis and the report skip (or average) it
+    token_dependent: ClassVar[bool] = False
 
     def __repr__(self) -> str:
         return f"RouterKind({self.name!r})"

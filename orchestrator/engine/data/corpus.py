@@ -146,13 +146,20 @@ def _stream(docs: list[list[int]], eos: int) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.long)
 
 
-def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
+def split_documents(texts: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
+    """(training, validation) documents of a corpus: the non-empty ones, the last
+    ``val_fraction`` of them held out."""
     texts = [t for t in texts if t.strip()]
-    if len(texts) < 2:
-        raise ConfigError(f"data.source: the {name} corpus has {len(texts)} non-empty document(s); "
+    n_val = max(1, round(len(texts) * val_fraction))
+    return texts[:-n_val], texts[-n_val:]
+
+
+def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
+    n = sum(1 for t in texts if t.strip())
+    if n < 2:
+        raise ConfigError(f"data.source: the {name} corpus has {n} non-empty document(s); "
                           "need at least 2 (one for validation)")
-    n_val = max(1, round(len(texts) * cfg.val_fraction))
-    train_t, val_t = texts[:-n_val], texts[-n_val:]
+    train_t, val_t = split_documents(texts, cfg.val_fraction)
     tok = ByteTokenizer() if cfg.tokenizer == "byte" else train_bpe(train_t, cfg.bpe_vocab_size)
     enc = tok.encode
     return TokenData(_stream([enc(t) for t in train_t], tok.eos_id),
@@ -164,11 +171,16 @@ def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
 @register_source("builtin")
 def _builtin(cfg: DataConfig) -> TokenData:
     """CPython's own documentation topics: ships with Python, so nothing is downloaded."""
+    return _corpus(builtin_documents(), cfg, "builtin")
+
+
+def builtin_documents() -> list[str]:
+    """The built-in corpus' documents in their fixed order (``split_documents`` holds out the last)."""
     from pydoc_data.topics import topics
 
     texts = [topics[k] for k in sorted(topics)]
     random.Random(1234).shuffle(texts)  # fixed shuffle: the split is the same for everyone
-    return _corpus(texts, cfg, "builtin")
+    return texts
 
 
 @register_source("text")

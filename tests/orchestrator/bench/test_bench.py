@@ -24,7 +24,7 @@ def test_quick_bench_end_to_end(tmp_path):
     # the paper's peer architectures (Table 17): a depth mix over the none router, no target
     peers = [r for r in rows if r["depth_mix"] != "none"]
     assert {(r["depth_mix"], r["shape"]) for r in peers} == {(d, s.name) for d in DEPTH_MIXES for s in QUICK_SHAPES}
-    assert {"denseformer", "hyper-connections"} <= set(DEPTH_MIXES)
+    assert {"denseformer", "hyper-connections", "mhc", "attn-res", "attn-res-block", "mudd"} <= set(DEPTH_MIXES)
     for r in peers:
         assert r["router"] == "none" and r["verdict"] == "peer" and r["target_pct"] == ""
         assert float(r["flop_overhead_pct"]) > 0 and float(r["mem_ratio"]) > 0 and float(r["step_ms"]) > 0
