@@ -34,6 +34,7 @@ class RouterKind:
       init_weight        layer l's initial weight (learned kinds)
       dense              the same mixing as a dense (R, (l+1)R[, Hd]) matrix, zeros outside the
                          sources: analysis, plots and the concatenation reference
+      token_mixing       the dense mixing per token for the layer's query (default: ``dense``)
       macs_per_token     multiply-accumulates per token of routing K and V at layer l (the FLOP
                          accounting, ``lime_arch.accounting``, sums them)
       make_mixer         the object whose ``route(l, k, v, q=None)`` maps layer l's raw, pre-RoPE K/V
@@ -53,18 +54,21 @@ class RouterKind:
     The buffered kinds (linear, same-head, per-dim) run on the shared K/V buffer, its autograd
     functions and its compile ops; ``BufferedKind`` says what such a kind adds (its buffer layout).
 
-    A token-dependent kind (the planned ``dynamic`` router, weights softmax over sources of
-    q_{t,h} . key_l[h, s, h'] / sqrt(Hd); depth attention, each query scoring the buffered keys of the
-    earlier layers at its position) is one more module here: its mixer reads ``q`` in ``route``, its
-    ``concat_route`` computes the same from the concatenated K/V and ``q`` (its reference), its
-    ``macs_per_token`` counts the scores too, and its ``dense`` is the mixing averaged over tokens
-    or undefined (the end-of-trial analysis, ``orchestrator.engine.hooks`` and
-    ``orchestrator.analysis.analyze``, calls ``dense`` of every router today: that issue decides).
+    A token-dependent kind (``dynamic.py``: weights softmax over sources of
+    q_{t,h} . key_l[h, s, h'] / sqrt(Hd); depth attention would be another) sets
+    ``token_dependent`` and is one more module here: its mixer reads ``q`` in ``route``, its
+    ``concat_route`` computes the same from the concatenated K/V and ``q``, its ``macs_per_token``
+    counts the scores too, its ``token_mixing(l, q)`` gives the dense mixing of every token, and its
+    ``dense`` is a token-free matrix of its choice (dynamic: the mixing of a zero query). The
+    analysis of a trained model (``orchestrator.analysis.routes``: the end-of-trial router artifacts
+    and ``lime analyze``) summarises a token-dependent kind by ``token_mixing`` averaged over
+    validation tokens, with the spread over tokens as a second map; a static kind by ``dense``.
     Its reference test goes into ``tests/lime_arch/kind_references.py``.
     """
 
     name: ClassVar[str]
     learned: ClassVar[bool] = False  # one weight per layer l >= 1 (``Router.weights``)
+    token_dependent: ClassVar[bool] = False  # the mixing depends on the token (``token_mixing``)
 
     def __repr__(self) -> str:
         return f"RouterKind({self.name!r})"
@@ -79,6 +83,12 @@ class RouterKind:
 
     def dense(self, router, l: int) -> Tensor:
         raise NotImplementedError
+
+    def token_mixing(self, router, l: int, q: Tensor) -> Tensor:
+        """Layer l's dense mixing per token, (B, T, R, (l+1)R[, Hd]), for the layer's query q
+        (B, T, H, Hd): ``dense(l)`` at every token, unless the kind is token-dependent."""
+        d = self.dense(router, l).to(q)
+        return d.expand(q.shape[0], q.shape[1], *d.shape)
 
     def macs_per_token(self, router, l: int) -> int:
         raise NotImplementedError
