@@ -8,7 +8,7 @@ from kind_references import REFERENCES
 from model_reference import reference_forward
 from routers_expected import expected_sources
 
-from lime_arch import build_model, preset
+from lime_arch import build_model, preset, routing_memory
 from lime_arch.routers import build_router
 from lime_arch.routing.kinds.dynamic import split
 from lime_arch.routing.mixers import make_mixer
@@ -118,3 +118,30 @@ def test_parameters_and_macs_per_layer():
     r = build_router("dynamic", n_layers=4, n_kv_heads=2, head_dim=4)
     assert tuple(r.weight(2).shape) == (2, 25) and r.weight(2).numel() == 50
     assert r.macs_per_token(2) == 144 == REFERENCES["dynamic"].macs(3, 2, 4)
+
+
+@pytest.mark.parametrize("spec", ["dynamic", "dynamic-first-2"])
+@pytest.mark.parametrize("kv", [4, 2])
+def test_kept_memory_is_the_accounted(spec, kv):
+    """What a training forward saves for backward (distinct storages, through autograd's hooks),
+    dynamic minus none, against ``routing_memory``'s ``kept`` (every layer's raw K/V and grouped
+    query): within 5% (the router's own weights and layer 0's V, which none's attention saves too)."""
+    cfg = preset("tiny", router=spec, n_kv_heads=kv, n_layers=6)
+    idx = torch.randint(0, 256, (2, 32))
+
+    def saved(c):
+        torch.manual_seed(0)
+        model = build_model(c)
+        seen = {}
+
+        def pack(t):
+            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(idx)
+        return sum(seen.values())
+
+    got = saved(cfg) - saved(cfg.replace(router="none"))
+    want = routing_memory(cfg, 2, 32)["kept"]
+    assert abs(got - want) <= 0.05 * want, (got, want)

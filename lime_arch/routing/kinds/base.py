@@ -50,6 +50,8 @@ class RouterKind:
                          by default ``dense(l)`` applied to it
       traffic_slots      slots (one layer's K and V for the batch) a training step moves: the
                          benchmark's bandwidth floor (``lime_arch.routing.plan.step_traffic``)
+      activation_elems   elements the routing of a training step keeps for backward beyond the
+                         baseline's, and the most it holds at once on top (``accounting.routing_memory``)
 
     The buffered kinds (linear, same-head, per-dim) run on the shared K/V buffer, its autograd
     functions and its compile ops; ``BufferedKind`` says what such a kind adds (its buffer layout).
@@ -108,6 +110,13 @@ class RouterKind:
 
     def traffic_slots(self, router, block: int | None) -> int:
         raise NotImplementedError
+
+    def activation_elems(self, router, B: int, T: int) -> tuple[int, int]:
+        """(kept, transient): elements a training step's routing keeps from forward to backward on
+        top of the baseline's activations, and the most it holds at once on top of those (the
+        analytic memory of ``lime_arch.accounting.routing_memory``). Default: nothing (identity;
+        the running mean's sums are freed once read)."""
+        return 0, 0
 
 
 def average_dense(R: int, l: int, sources: list[int]) -> Tensor:

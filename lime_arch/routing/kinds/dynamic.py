@@ -71,17 +71,18 @@ def weights(qbar: Tensor, keys: Tensor) -> Tensor:
     return z.softmax(dim=-1)
 
 
-def route_layer(qbar: Tensor, w: Tensor, n_src: int, *kv: Tensor) -> Tensor:
+def route_layer(qbar: Tensor, w: Tensor, n_src: int, *kv: Tensor) -> tuple[Tensor, Tensor]:
     """One layer's routing: ``kv`` holds the K of every source slot, then their V, then the layer's own
-    K and V (each (B, T, R, Hd)); returns routed [K|V] (B, T, R, 2Hd)."""
+    K and V (each (B, T, R, Hd)); returns routed K and V (B, T, R, Hd) as two tensors (one tensor
+    of both would make attention, which saves V, keep the routed pre-RoPE K alive too)."""
     R, Hd = kv[0].shape[2], kv[0].shape[3]
     keys, gate = split(w, R, Hd)
     ks, vs, (k, v) = kv[:n_src], kv[n_src:2 * n_src], kv[2 * n_src:]
-    x = torch.cat((torch.cat(ks, dim=2), torch.cat(vs, dim=2)), dim=-1)  # (B, T, n, 2Hd)
-    a = weights(qbar, keys)  # (B, T, R, n)
-    mix = a.to(x.dtype) @ x  # (B, T, R, 2Hd)
-    own = torch.cat((k, v), dim=-1)  # (B, T, R, 2Hd)
-    return own + gate.to(own.dtype)[:, None] * (mix - own)
+    a = weights(qbar, keys).to(k.dtype)  # (B, T, R, n)
+    g = gate.to(k.dtype)[:, None]  # (R, 1)
+    mk = a @ torch.cat(ks, dim=2)  # (B, T, R, n) @ (B, T, n, Hd) -> (B, T, R, Hd)
+    mv = a @ torch.cat(vs, dim=2)
+    return k + g * (mk - k), v + g * (mv - v)
 
 
 class DynamicMixer:
@@ -106,11 +107,10 @@ class DynamicMixer:
         qbar = group_query(q, r.R)  # (B, T, R, Hd)
         kv = [self.k[s] for s in src] + [self.v[s] for s in src] + [k, v]
         if torch.is_grad_enabled() and (w.requires_grad or qbar.requires_grad or any(t.requires_grad for t in kv)):
-            out = checkpoint(route_layer, qbar, w, len(src), *kv, use_reentrant=False)
+            kr, vr = checkpoint(route_layer, qbar, w, len(src), *kv, use_reentrant=False)
         else:
-            out = route_layer(qbar, w, len(src), *kv)
-        Hd = k.shape[-1]
-        return out[..., :Hd].transpose(1, 2), out[..., Hd:].transpose(1, 2)  # (B, R, T, Hd) each
+            kr, vr = route_layer(qbar, w, len(src), *kv)
+        return kr.transpose(1, 2), vr.transpose(1, 2)  # (B, R, T, Hd) each
 
 
 class DynamicKind(RouterKind):
@@ -180,6 +180,16 @@ class DynamicKind(RouterKind):
             weights_slots = 4 * math.ceil(s * R / (2 * Hd))  # A and its gradient, written and read
             slots += 3 * s + 1 + 3 * s + 1 + s + 2 * s + 4 + weights_slots
         return slots
+
+    def activation_elems(self, router, B: int, T: int) -> tuple[int, int]:
+        """Kept: every layer's raw K/V (the checkpoints' inputs; the same tensors for all readers)
+        and each routed layer's grouped query (B, T, R, Hd). Transient: the deepest layer's
+        recomputation in backward: its sources' K and V and their gradient (2 x (B, T, n, 2Hd)) and
+        its per-token weights, their softmax and gradient (3 x (B, T, R, n)); one layer at a time."""
+        L, R, Hd = router.n_layers, router.R, router.head_dim
+        kept = L * 2 * B * T * R * Hd + (L - 1) * B * T * R * Hd
+        n = max((len(router.sources(l)) * R for l in range(1, L)), default=0)
+        return kept, 2 * B * T * n * 2 * Hd + 3 * B * T * R * n
 
 
 DYNAMIC = register_kind(DynamicKind())
