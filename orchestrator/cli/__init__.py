@@ -134,6 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--alpha", type=float, default=0.5, help="Renyi entropy order")
     a.add_argument("--sequences", type=int, default=16, help="evaluation sequences")
     a.add_argument("--words", default="is,are,was,were", help="near-synonym words for the probe")
+    a.add_argument("--routes", type=int, default=10,
+                   help="strongest routes to list per checkpoint, with the tokens where a dynamic router's fire "
+                        "(default 10)")
     a.add_argument("--run-id", help="MLflow run to log the metrics to (default: the checkpoint's)")
     a.set_defaults(func=_lazy("orchestrator.cli.analyze:cmd_analyze"))
     return p

@@ -92,6 +92,12 @@ class RouterKind:
         d = self.dense(router, l).to(q)
         return d.expand(q.shape[0], q.shape[1], *d.shape)
 
+    def route_keys(self, router, l: int) -> Tensor | None:
+        """Layer l's learned keys (R, n, Hd), one per routed head and source column, which a token's
+        query is scored against (token-dependent kinds; None for the others): the logit lens of
+        ``orchestrator.analysis.routes`` maps them to tokens."""
+        return None
+
     def macs_per_token(self, router, l: int) -> int:
         raise NotImplementedError
 

@@ -156,6 +156,9 @@ class DynamicKind(RouterKind):
         keys, _ = split(router.weight(l), router.R, router.head_dim)
         return self._place(router, l, weights(group_query(q, router.R), keys))
 
+    def route_keys(self, router, l: int) -> Tensor | None:
+        return None if l == 0 else split(router.weight(l), router.R, router.head_dim)[0]
+
     def macs_per_token(self, router, l: int) -> int:
         if l == 0:
             return 0
