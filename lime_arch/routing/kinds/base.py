@@ -50,6 +50,7 @@ class RouterKind:
                          by default ``dense(l)`` applied to it
       traffic_slots      slots (one layer's K and V for the batch) a training step moves: the
                          benchmark's bandwidth floor (``lime_arch.routing.plan.step_traffic``)
+      prunable, prune_mass  whether top-p pruning applies, and each weight entry's importance
       activation_elems   elements the routing of a training step keeps for backward beyond the
                          baseline's, and the most it holds at once on top (``accounting.routing_memory``)
 
@@ -71,6 +72,7 @@ class RouterKind:
     name: ClassVar[str]
     learned: ClassVar[bool] = False  # one weight per layer l >= 1 (``Router.weights``)
     token_dependent: ClassVar[bool] = False  # the mixing depends on the token (``token_mixing``)
+    prunable: ClassVar[bool] = False  # top-p pruning applies (``prune_mass``; ``lime_arch.prune``)
 
     def __repr__(self) -> str:
         return f"RouterKind({self.name!r})"
@@ -91,6 +93,11 @@ class RouterKind:
         (B, T, H, Hd): ``dense(l)`` at every token, unless the kind is token-dependent."""
         d = self.dense(router, l).to(q)
         return d.expand(q.shape[0], q.shape[1], *d.shape)
+
+    def prune_mass(self, w: Tensor) -> Tensor:
+        """The importance of each entry of a layer's weight for top-p pruning (``lime_arch.prune``),
+        shaped like ``w``; a prunable kind's weight has its sources as equal column blocks of dim 1."""
+        raise TypeError(f"router kind {self.name} cannot be pruned")
 
     def route_keys(self, router, l: int) -> Tensor | None:
         """Layer l's learned keys (R, n, Hd), one per routed head and source column, which a token's
