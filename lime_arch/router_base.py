@@ -11,6 +11,8 @@ A router owns the coefficients of every layer and answers three questions:
                   returns a computed tensor, autograd flows through it;
   ``dense(l)``    the same mixing as a dense (R, (l+1)*R) matrix ((R, (l+1)*R, Hd) per-dim), zeros
                   outside the sources: for analysis, plots and the concatenation reference.
+A router of a prunable kind may carry top-p pruning masks (``router.prune``, ``lime_arch.prune``):
+the mixers then run ``executed()``, a view with the kept sources and the masked weights.
 
 Everything that depends on the kind (the operand's shape and init, ``dense``, the MACs the
 accounting counts, the mixer) is the kind object's (``lime_arch.routing.kinds``); this class asks
@@ -25,6 +27,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from lime_arch import prune as _prune
 from lime_arch.routing.kinds.base import ROUTER_KINDS, RouterKind
 from lime_arch.specs import RequiredArg, SpecRegistry, spec_string
 
@@ -35,7 +38,7 @@ class RouterArg(RequiredArg):
 
 
 # set on every router class or instance; an argument of the same name would overwrite one of them
-_RESERVED = frozenset({"name", "n_layers", "R", "head_dim", "init", "arg_values", "weights", "training"})
+_RESERVED = frozenset({"name", "n_layers", "R", "head_dim", "init", "arg_values", "weights", "training", "prune"})
 
 
 class Router(nn.Module):
@@ -93,8 +96,14 @@ class Router(nn.Module):
         return self.weights[l - 1]
 
     def dense(self, l: int) -> torch.Tensor:
-        """Dense (R, (l+1)*R) equivalent (per-dim: (R, (l+1)*R, Hd)), zeros outside the sources."""
-        return self.kind.dense(self, l)
+        """Dense (R, (l+1)*R) equivalent (per-dim: (R, (l+1)*R, Hd)), zeros outside the sources (and,
+        while pruned, zeros where the mask prunes)."""
+        return self.kind.dense(self.executed(), l)
+
+    def executed(self):
+        """What the mixers run: this router, or while top-p pruning masks are set its pruned view
+        (``lime_arch.prune.PrunedRouter``: the kept sources only, the masked weights)."""
+        return _prune.executed(self)
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -5,7 +5,7 @@ Semantics (0-based layers, R = number of KV heads; the paper's Eq. 4, arXiv 2502
 Layer 0 never has parameters: it reads its own K/V.
 
 Adding a router is one class and one ``@register_router(name)`` line here: the class declares its
-``kind`` (``IDENTITY``, ``MEAN``, ``LINEAR``, ``SAME_HEAD``, ``PER_DIM``: a ``RouterKind`` from
+``kind`` (``IDENTITY``, ``MEAN``, ``LINEAR``, ``SAME_HEAD``, ``PER_DIM``, ``DYNAMIC``: a ``RouterKind`` from
 ``lime_arch.routing.kinds``), its ``sources`` and, for a family such as ``first-<int>``, its typed
 ``arguments`` (any number, written after the name: ``first-4``, ``name-2-8``; each is set on the
 instance under its name). Registration checks all of that, so a mistake fails at import, not at
@@ -27,16 +27,18 @@ from lime_arch.router_base import (
 )
 from lime_arch.routing.kinds.base import ROUTER_KINDS, RouterKind
 from lime_arch.routing.kinds.depth_attention import DEPTH_ATTENTION
+from lime_arch.routing.kinds.dynamic import DYNAMIC
 from lime_arch.routing.kinds.identity import IDENTITY
 from lime_arch.routing.kinds.linear import LINEAR
 from lime_arch.routing.kinds.mean import MEAN
 from lime_arch.routing.kinds.per_dim import PER_DIM
 from lime_arch.routing.kinds.same_head import SAME_HEAD
 
-__all__ = ["DEPTH_ATTENTION", "IDENTITY", "LINEAR", "MEAN", "PER_DIM", "ROUTERS", "ROUTER_KINDS", "SAME_HEAD",
-           "AverageRouter", "DepthAttentionRouter", "DilatedRouter", "FirstRouter", "FullRouter", "LastRouter",
-           "NoHeadMixRouter", "NoneRouter", "PerDimRouter", "Router", "RouterArg", "RouterKind", "build_router",
-           "parse_router", "register_router", "router_specs"]
+__all__ = ["DEPTH_ATTENTION", "DYNAMIC", "IDENTITY", "LINEAR", "MEAN", "PER_DIM", "ROUTERS", "ROUTER_KINDS",
+           "SAME_HEAD", "AverageRouter", "DepthAttentionRouter", "DilatedRouter", "DynamicFirstRouter",
+           "DynamicLastRouter", "DynamicRouter", "FirstRouter", "FullRouter", "LastRouter", "NoHeadMixRouter",
+           "NoneRouter", "PerDimRouter", "Router", "RouterArg", "RouterKind", "build_router", "parse_router",
+           "register_router", "router_specs"]
 
 
 @register_router("none")
@@ -114,3 +116,22 @@ class DepthAttentionRouter(Router):
 
     kind = DEPTH_ATTENTION
 
+@register_router("dynamic")
+class DynamicRouter(Router):
+    """Per-token weights over all of 0..l: the layer's query against learned keys (Appendix E)."""
+
+    kind = DYNAMIC
+
+
+@register_router("dynamic-first")
+class DynamicFirstRouter(FirstRouter):
+    """The dynamic weights over first-j's sources."""
+
+    kind = DYNAMIC
+
+
+@register_router("dynamic-last")
+class DynamicLastRouter(LastRouter):
+    """The dynamic weights over last-j's sources."""
+
+    kind = DYNAMIC
