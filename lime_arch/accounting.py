@@ -17,6 +17,8 @@ multiply-accumulates of
     O(iters n^2), are left out like a softmax); AttnRes's 2*C per source of every reader (scores
     and weighted sum); MUDDFormer's dense-weight MLP C*h + h*ways*S and its mixtures ways*S*C
     after each block.
+  - the dynamic router's scores, q . key for every routed head and source head (R * |S_l|R * Hd),
+    beside its mixing of K and V (counted as full's).
 Norms, RoPE, softmax, sigmoid, GELU, tanh and residual adds are left out (O(d) per token).
 Training FLOPs are taken as 3 x forward.
 
@@ -85,6 +87,19 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, i
     mix = _depth_mix(cfg).macs_per_token()
     base = 2 * (matmul + attention)
     return {"base": base, "routing": 2 * routing, "depth_mix": 2 * mix, "total": base + 2 * (routing + mix)}
+
+
+def routing_memory(cfg: ModelConfig, batch: int, seq_len: int | None = None, elem_bytes: int = 4) -> dict[str, int]:
+    """Analytic activation memory of the routing in one training step of ``batch`` sequences, in
+    bytes, on top of the same model without routing: ``kept`` from forward to backward (buffered
+    kinds: one copy of every layer's raw K/V; dynamic: those and each layer's grouped query) and
+    ``transient``, the most held at once on top of that (buffered: the backward's K/V gradient
+    buffer; dynamic: one layer's recomputed per-token weights and sources in backward). The
+    router kind counts them (``RouterKind.activation_elems``); ``elem_bytes`` 2 for bf16."""
+    T = seq_len or cfg.max_seq_len
+    router = _router(cfg)
+    kept, transient = router.kind.activation_elems(router, batch, T)
+    return {"kept": kept * elem_bytes, "transient": transient * elem_bytes}
 
 
 def routing_overhead(cfg: ModelConfig, seq_len: int | None = None) -> float:

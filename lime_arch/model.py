@@ -23,6 +23,7 @@ from torch import nn
 
 from lime_arch.config import ModelConfig
 from lime_arch.depth_mix import DepthMix, build_depth_mix
+from lime_arch.prune import attach as attach_prune
 from lime_arch.routers import Router, build_router
 from lime_arch.routing.mixers import make_mixer
 
@@ -190,6 +191,8 @@ class LIMeDecoder(nn.Module):
         # built after the init loop so its own (paper or identity) init is kept
         self.router: Router = build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
                                            head_dim=cfg.head_dim, init=cfg.router_init)
+        if cfg.router_prune is not None:  # its masks (nothing pruned until the first refresh): in the state dict
+            attach_prune(self.router)
         # after every other weight, from a forked RNG: the shared weights equal the none model's
         self.depth_mix: DepthMix = build_depth_mix(cfg.depth_mix, n_layers=cfg.n_layers, d_model=cfg.d_model,
                                                    n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,

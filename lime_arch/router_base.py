@@ -15,6 +15,8 @@ with one parameter per layer l >= 1 (``weights[l - 1]``) for the learned kinds, 
                   torch inside the method) and routes correctly without telling anyone;
   ``dense(l)``    the same mixing as a dense (R, (l+1)*R) matrix ((R, (l+1)*R, Hd) per-dim), zeros
                   outside the sources: for analysis, plots and the concatenation reference.
+A router of a prunable kind may carry top-p pruning masks (``router.prune``, ``lime_arch.prune``):
+the mixers then run ``executed()``, a view with the kept sources and the masked weights.
 
 A router declares its kind by name, ``kind = KindName("linear")``: a kind is one module of
 ``lime_arch.routing.kinds`` named after it, and reading ``Router.kind`` loads the kinds (torch)
@@ -31,6 +33,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
+from lime_arch.errors import ConfigError
 from lime_arch.specs import NAME, Declared, RequiredArg, SpecRegistry, spec_string
 
 KINDS_PACKAGE = "lime_arch.routing.kinds"
@@ -85,9 +88,28 @@ class Router(Declared):
         return list(range(l + 1))
 
 
+# the kinds whose weights top-p pruning applies to (``RouterKind.prunable``; ``lime_arch.prune``),
+# by name so a config check reads them without torch (tests/lime_arch/test_prune.py keeps the two equal)
+PRUNABLE_KINDS = frozenset({"linear"})
+
+
+def kind_name(router_cls: type) -> str:
+    """The name of a router class's kind, read torch-free (the ``KindName`` it declares)."""
+    k = inspect.getattr_static(router_cls, "kind")
+    return k.name
+
+
+def check_prunable(router_cls: type, key: str = "model.router_prune") -> None:
+    """A ConfigError unless the router's kind can be pruned (a learned kind with ``prunable``)."""
+    kind = kind_name(router_cls)
+    if kind not in PRUNABLE_KINDS:
+        raise ConfigError(f"{key}: router {router_cls.name!r} (kind {kind}) cannot be pruned; "
+                          "prunable: routers of kind linear (full, first-<j>, last-<j>, dilated-<d>)")
+
+
 # set on every router instance by RouterModule; an argument of the same name would overwrite one
 _RESERVED = frozenset({"name", "n_layers", "R", "head_dim", "init", "arg_values", "weights", "training", "kind",
-                       "declaration", "learned"})
+                       "declaration", "learned", "prune"})
 
 
 def _check_kind(name: str, cls: type) -> None:

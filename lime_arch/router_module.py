@@ -4,7 +4,9 @@ declaration (``lime_arch.router_base.Router``) is mixed with when it is built.
 Everything that depends on the kind (the operand's shape and init, ``dense``, the MACs the
 accounting counts, the mixer) is the kind object's (``lime_arch.routing.kinds``); this class asks
 it. The implementation class of a router carries its resolved kind as a plain class attribute,
-so ``router.kind`` costs nothing on the hot path.
+so ``router.kind`` costs nothing on the hot path. A router of a prunable kind may carry top-p
+pruning masks (``router.prune``, ``lime_arch.prune``): the mixers then run ``executed()``, a view
+with the kept sources and the masked weights.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from lime_arch import prune as _prune
 from lime_arch.routing import kinds
 from lime_arch.routing.kinds.base import RouterKind
 
@@ -69,8 +72,14 @@ class RouterModule(nn.Module):
         return self.weights[l - 1]
 
     def dense(self, l: int) -> torch.Tensor:
-        """Dense (R, (l+1)*R) equivalent (per-dim: (R, (l+1)*R, Hd)), zeros outside the sources."""
-        return self.kind.dense(self, l)
+        """Dense (R, (l+1)*R) equivalent (per-dim: (R, (l+1)*R, Hd)), zeros outside the sources (and,
+        while pruned, zeros where the mask prunes)."""
+        return self.kind.dense(self.executed(), l)
+
+    def executed(self):
+        """What the mixers run: this router, or while top-p pruning masks are set its pruned view
+        (``lime_arch.prune.PrunedRouter``: the kept sources only, the masked weights)."""
+        return _prune.executed(self)
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

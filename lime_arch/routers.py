@@ -6,7 +6,8 @@ Layer 0 never has parameters: it reads its own K/V.
 
 Adding a router is one class and one ``@register_router(name)`` line here: the class declares its
 ``kind`` by name (``KindName("linear")``; the kinds are ``identity``, ``mean``, ``linear``,
-``same-head``, ``per-dim``, ``depth-attention``, one module each in ``lime_arch/routing/kinds/``), its ``sources``
+``same-head``, ``per-dim``, ``depth-attention``, ``dynamic``, one module each in
+``lime_arch/routing/kinds/``), its ``sources``
 and, for a family such as ``first-<int>``, its typed ``arguments`` (any number, written after the
 name: ``first-4``, ``name-2-8``; each is set on the instance under its name). Registration checks
 all of that, so a mistake fails at import, not at forward time.
@@ -23,21 +24,24 @@ from __future__ import annotations
 import importlib
 
 from lime_arch.router_base import (
+    PRUNABLE_KINDS,
     ROUTERS,
     KindName,
     Router,
     RouterArg,
     build_router,
+    check_prunable,
     parse_router,
     register_router,
     router_specs,
 )
 
 # and, loaded on first use (``__getattr__``): ROUTER_KINDS, RouterKind, IDENTITY, LINEAR, MEAN, SAME_HEAD, PER_DIM,
-# DEPTH_ATTENTION
-__all__ = ["ROUTERS", "AverageRouter", "DepthAttentionRouter", "DilatedRouter", "FirstRouter", "FullRouter",
-           "KindName", "LastRouter", "NoHeadMixRouter", "NoneRouter", "PerDimRouter", "Router", "RouterArg",
-           "build_router", "parse_router", "register_router", "router_specs"]
+# DEPTH_ATTENTION, DYNAMIC
+__all__ = ["ROUTERS", "AverageRouter", "DepthAttentionRouter", "DilatedRouter", "DynamicFirstRouter",
+           "DynamicLastRouter", "DynamicRouter", "FirstRouter", "FullRouter", "KindName", "LastRouter",
+           "NoHeadMixRouter", "NoneRouter", "PerDimRouter", "Router", "RouterArg", "build_router", "check_prunable",
+           "parse_router", "register_router", "router_specs", "PRUNABLE_KINDS"]
 
 
 def __getattr__(name: str):
@@ -129,3 +133,23 @@ class DepthAttentionRouter(Router):
 
     kind = KindName("depth-attention")
 
+
+@register_router("dynamic")
+class DynamicRouter(Router):
+    """Per-token weights over all of 0..l: the layer's query against learned keys (Appendix E)."""
+
+    kind = KindName("dynamic")
+
+
+@register_router("dynamic-first")
+class DynamicFirstRouter(FirstRouter):
+    """The dynamic weights over first-j's sources."""
+
+    kind = KindName("dynamic")
+
+
+@register_router("dynamic-last")
+class DynamicLastRouter(LastRouter):
+    """The dynamic weights over last-j's sources."""
+
+    kind = KindName("dynamic")

@@ -22,7 +22,8 @@ DEPTH_MIXES = ("denseformer", "hyper-connections", "hyper-connections-corl", "mh
 # with 2,048 the head is ~3% (the paper's 1B models' is ~9%).
 VOCAB, BATCH, SEQ = 2048, 2, 64
 QUICK_BATCH, QUICK_SEQ = 1, 16
-DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4"), (1, 8)
+# decode: the baseline, full, the paper's serving router (first-4) and the token-dependent dynamic
+DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4", "dynamic"), (1, 8)
 # torch.compile modes of ``--compile``: "none" runs eager only; a mode adds compiled rows beside the
 # eager ones, each paired against ``none`` compiled the same way (the paper's Table 17 was measured
 # compiled with Inductor)

@@ -1,4 +1,4 @@
-"""The ``lime`` command line: train, sweep, report, plan, bench, eval, export, analyze.
+"""The ``lime`` command line: train, sweep, report, plan, bench, eval, export, analyze, prune.
 
 Argument definitions live here (cheap to import); each command's work is imported lazily from
 its module, so ``lime --help`` does not load Ray or MLflow. A ``ConfigError`` anywhere becomes
@@ -134,8 +134,23 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--alpha", type=float, default=0.5, help="Renyi entropy order")
     a.add_argument("--sequences", type=int, default=16, help="evaluation sequences")
     a.add_argument("--words", default="is,are,was,were", help="near-synonym words for the probe")
+    a.add_argument("--routes", type=int, default=10,
+                   help="strongest routes to list per checkpoint, with the tokens where a dynamic router's fire "
+                        "(default 10)")
     a.add_argument("--run-id", help="MLflow run to log the metrics to (default: the checkpoint's)")
     a.set_defaults(func=_lazy("orchestrator.cli.analyze:cmd_analyze"))
+
+    pr = sub.add_parser("prune", help="post-hoc top-p pruning of trained routers: loss before/after, pruned counts")
+    pr.add_argument("targets", nargs="+", help="MLflow run ids or checkpoint files or folders (several: the seeds "
+                                               "of one variant, with a paired interval of the loss change)")
+    pr.add_argument("--top-p", type=float, required=True, help="the |weight| share kept per routed head, e.g. 0.9")
+    pr.add_argument("--no-renormalize", action="store_true", help="do not rescale the kept weights of a row")
+    pr.add_argument("--save", metavar="DIR", help="write the pruned model(s) as checkpoints (several: DIR/<label>)")
+    pr.add_argument("--out", help="the markdown summary (default $LIME_RESULTS/prune/top_p_<p>.md)")
+    pr.add_argument("--margin", type=float, help="equivalence margin of the loss change, in nats")
+    pr.add_argument("--run-id", help="MLflow run to log to (one target; default: the target's)")
+    pr.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    pr.set_defaults(func=_lazy("orchestrator.cli.prune:cmd_prune"))
     return p
 
 

@@ -1,4 +1,7 @@
-"""``lime analyze``: representation analysis of one or more checkpoints, side by side."""
+"""``lime analyze``: representation analysis of one or more checkpoints, side by side: entropies,
+probes, router maps (a dynamic router's: averaged over the evaluation tokens, and their spread over
+tokens), the strongest routes with the tokens where they fire and the logit lens of a dynamic
+router's keys (``orchestrator.analysis.routes``)."""
 from __future__ import annotations
 
 import time
@@ -9,6 +12,7 @@ import numpy as np
 from lime_arch import ConfigError, build_model
 from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.plots import plot_entropy, plot_expected_source, plot_probe, plot_router_map
+from orchestrator.analysis.routes import routes_markdown
 from orchestrator.core.tracking import client
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.trial import CKPT_NAME, load_checkpoint
@@ -49,6 +53,10 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
         if r.source_map is None:  # a token-dependent router: no static source map
             continue
         paths.append(plot_router_map(r.source_map, out / f"router_map_{_safe(k)}.png", f"{k}: router source map"))
+        if r.spread_map is not None:
+            paths.append(plot_router_map(r.spread_map, out / f"router_spread_{_safe(k)}.png",
+                                         f"{k}: std over tokens of the source map", label="std over tokens",
+                                         vmax=None))
     lines = ["# Representation analysis", "",
              "| variant | layer | value entropy | hidden entropy | value probe | hidden probe | expected source |",
              "|---|---|---|---|---|---|---|"]
@@ -59,6 +67,9 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
             lines.append(f"| {k} | {l} | {r.value_entropy[0][l]:.4f} +- {r.value_entropy[1][l]:.4f} | "
                          f"{r.hidden_entropy[0][l]:.4f} +- {r.hidden_entropy[1][l]:.4f} | {vp} | {hp} | "
                          f"{r.expected_source[l]:.2f} |" if len(r.expected_source) else "- |")
+    lines += ["", "# Routes (the paper's Table 2)", ""]
+    for k, r in results.items():
+        lines += routes_markdown(k, r.routes)
     notes = sorted({n for r in results.values() for n in r.notes})
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
@@ -88,13 +99,15 @@ def cmd_analyze(args) -> int:
         raise ConfigError("--words: need at least two comma-separated words")
     if not args.alpha > 0:
         raise ConfigError(f"--alpha: must be > 0, got {args.alpha}")
+    if args.routes < 0:
+        raise ConfigError(f"--routes: must be >= 0, got {args.routes}")
     loaded = [_load(s) for s in args.checkpoints]  # every checkpoint checked before any compute
     results = {}
     for label, cfg, data, model, run_id in loaded:
         if label in results:
             raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
         r = analyze_model(model, data, sequences=args.sequences, seq_len=cfg.train.seq_len, alpha=args.alpha,
-                          words=words)
+                          words=words, routes=args.routes)
         results[label] = r
         target = args.run_id or run_id
         if target:

@@ -128,6 +128,9 @@ class TrialConfig:
         t, o, d = self.train, self.optim, self.data
         if t.seq_len > mc.max_seq_len:
             raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len={mc.max_seq_len}")
+        if mc.router_prune is not None and t.compile:
+            raise ConfigError("model.router_prune: not with train.compile (the compiled routing ops build their "
+                              "plan from the router's spec, which knows no mask); set train.compile: false")
         if o.min_lr > o.lr:
             raise ConfigError(f"optim.min_lr: {o.min_lr} is above optim.lr={o.lr}")
         if o.router_lr is not None and o.router_lr_mult is not None:

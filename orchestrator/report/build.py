@@ -26,6 +26,9 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   view; ``orchestrator.report.scaling``, whose numbers also go to the parent run as
   ``scaling/...`` metrics);
 - representation-analysis metrics (``analysis/...``) when runs have them;
+- for trials trained with router pruning, Table 5's counts and the loss cost and step-time saving
+  of pruning against the unpruned twins (``orchestrator.report.routing``), and the retrieval curves
+  of Figure 9 and a token-dependent router's spread maps among the plots;
 - downstream tasks (``eval/...``) when runs have them: the Table 1 layout with paired verdicts
   per task and for the average, and the paper's Table 1 directions (``orchestrator.report.evaluation``,
   also ``evaluation.csv``);
@@ -59,7 +62,7 @@ from orchestrator.core import record, tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import evaluation, scaling, search
+from orchestrator.report import evaluation, routing, scaling, search
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper.refs import reference_for
@@ -140,7 +143,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
                         choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes,
-                        scal.lines + evals,
+                        scal.lines + evals + routing.section(df, labels, choice.metric, mode),
                         search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
                         families=families, margin=choice.margin, iso=scal.iso,
                         sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [])

@@ -36,6 +36,7 @@ from lime_arch import build_model, preset
 from lime_arch.generate import generate
 from lime_arch.routers import build_router, parse_router, router_specs
 from lime_arch.routing import ops
+from lime_arch.routing.kinds.buffered import BufferedKind
 from lime_arch.routing.mixers import SMALL_N, make_mixer
 
 L, HD, B, T = 9, 4, 2, 3
@@ -55,7 +56,8 @@ def _depth_mix_cases() -> list[str]:
 
 
 MODEL_CASES = [*router_specs(), "full/concat", *_depth_mix_cases()]
-LEARNED = [s for s in router_specs((2, 4)) if parse_router(s)[0].kind.learned]  # the ones with a buffer mixer
+BUFFERED = [s for s in router_specs((2,)) if isinstance(parse_router(s)[0].kind, BufferedKind)]  # buffer mixer
+LEARNED = [s for s in router_specs((2, 4)) if isinstance(parse_router(s)[0].kind, BufferedKind)]
 
 
 @pytest.fixture(autouse=True)
@@ -161,7 +163,7 @@ def test_a_pass_without_backward_is_dropped_after_max_passes():
 
 
 # -- compiled ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", [s for s in router_specs((2,)) if parse_router(s)[0].kind.learned])
+@pytest.mark.parametrize("spec", BUFFERED)
 def test_compiled_blocked_mixer_equals_eager(spec):
     """The mixer alone, compiled (aot_eager, fullgraph) with layer blocks of 2 and 3, so the blocks'
     old-slot products and the members' weights go through the ops (at the models' depths below the

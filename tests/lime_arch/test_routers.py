@@ -52,7 +52,7 @@ def test_gradients_reach_exactly_the_source_slots(spec, kv):
     router = build_router(spec, n_layers=L, n_kv_heads=kv, head_dim=Hd, init="paper")
     raw = [(torch.randn(B, T, kv, Hd, requires_grad=True), torch.randn(B, T, kv, Hd, requires_grad=True))
            for _ in range(L)]
-    q = [torch.randn(B, T, kv, Hd) for _ in range(L)]  # the layers' queries (read by token-dependent kinds)
+    q = [torch.randn(B, T, 4, Hd) for _ in range(L)]  # the layers' queries (4 heads; token-dependent kinds)
     for target in range(L):
         mixer = make_mixer(router)
         routed = [mixer.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
@@ -143,7 +143,8 @@ def test_unknown_router_lists_registered():
         preset("tiny", router="fancy")
 
 
-REGISTERED = "none, full, average, last-<int>, first-<int>, dilated-<int>, no-head-mix, per-dim, depth-attention"
+REGISTERED = ("none, full, average, last-<int>, first-<int>, dilated-<int>, no-head-mix, per-dim, depth-attention, "
+              "dynamic, dynamic-first-<int>, dynamic-last-<int>")
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -173,9 +174,11 @@ def test_parse_and_spec_round_trip():
 
 def test_router_specs_come_from_the_registry():
     assert registered_specs() == ["none", "full", "average", "last-4", "first-4", "dilated-8", "no-head-mix",
-                                  "per-dim", "depth-attention"]
+                                  "per-dim", "depth-attention", "dynamic", "dynamic-first-4", "dynamic-last-4"]
     assert registered_specs((2, 8)) == ["none", "full", "average", "last-2", "last-8", "first-2", "first-8",
-                                        "dilated-2", "dilated-8", "no-head-mix", "per-dim", "depth-attention"]
+                                        "dilated-2", "dilated-8", "no-head-mix", "per-dim", "depth-attention",
+                                        "dynamic", "dynamic-first-2", "dynamic-first-8", "dynamic-last-2",
+                                        "dynamic-last-8"]
     for spec in registered_specs((3,)):
         parse_router(spec)
 

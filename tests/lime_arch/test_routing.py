@@ -35,6 +35,9 @@ def _f64():
     torch.set_default_dtype(torch.float32)
 
 
+H = 4  # query heads of the layers' queries (read by token-dependent kinds)
+
+
 def _raw(R, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(B, T, R, HD, generator=g, requires_grad=True),
@@ -47,10 +50,16 @@ def _query(k: torch.Tensor, l: int) -> torch.Tensor:
     return torch.randn(k.shape, generator=torch.Generator().manual_seed(100 + l), dtype=k.dtype)
 
 
+def _queries(seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, T, H, HD, generator=g) for _ in range(L)]
+
+
 def _run(router, impl, raw, weights, block=None, layers=None):
     """Route all layers; loss = sum of <routed, weight> over ``layers``; gradients of everything."""
     m = make_mixer(router, impl, block=block) if impl == "buffer" else make_mixer(router, impl)
-    outs = [m.route(l, k, v, q=_query(k, l)) for l, (k, v) in enumerate(raw)]
+    q = _queries()
+    outs = [m.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
     layers = range(L) if layers is None else layers
     loss = sum((outs[l][0] * weights[l][0]).sum() + (outs[l][1] * weights[l][1]).sum() for l in layers)
     params = list(router.parameters()) + [t for kv in raw for t in kv]
@@ -99,13 +108,13 @@ def test_no_grad_paths_match(spec, small, monkeypatch):
     monkeypatch.setattr(mixers, "SMALL_N", 10**9 if small else 0)
     R = 2
     router = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
-    raw = _raw(R, 5)
+    raw, q = _raw(R, 5), _queries()
     with torch.no_grad():
         cm = make_mixer(router, "concat")
-        ref = [cm.route(l, k, v, q=_query(k, l)) for l, (k, v) in enumerate(raw)]
+        ref = [cm.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
         for block in BLOCKS:
             bm = make_mixer(router, block=block)
-            got = [bm.route(l, k, v, q=_query(k, l)) for l, (k, v) in enumerate(raw)]
+            got = [bm.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
             for (a, b), (c, d) in zip(got, ref):
                 torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
                 torch.testing.assert_close(b, d, rtol=1e-10, atol=1e-10)

@@ -41,14 +41,20 @@ def depth_scores_query(q: Tensor, R: int) -> Tensor:
     return q.view(B, T, R, H // R, Hd).mean(dim=3)
 
 
-def depth_mix(q: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
-    """The depth-mixed value (B, T, R, Hd) of one layer from its query (B, T, H, Hd) and the raw
-    keys and values (each (B, T, R, Hd)) of its sources."""
+def depth_weights(q: Tensor, keys: list[Tensor]) -> Tensor:
+    """The softmax over depth (B, T, R, S), in fp32 or better, of one layer's query (B, T, H, Hd)
+    against the raw keys (each (B, T, R, Hd)) of its S sources."""
     R, Hd = keys[0].shape[2], keys[0].shape[3]
     acc = torch.promote_types(q.dtype, torch.float32)  # fp32 or better for the scores and softmax
     qbar = depth_scores_query(q, R).to(acc)  # (B, T, R, Hd)
     scores = torch.stack([(qbar * k.to(acc)).sum(-1) for k in keys], dim=-1) / math.sqrt(Hd)  # (B, T, R, S)
-    a = scores.softmax(dim=-1).to(values[0].dtype)  # (B, T, R, S)
+    return scores.softmax(dim=-1)
+
+
+def depth_mix(q: Tensor, keys: list[Tensor], values: list[Tensor]) -> Tensor:
+    """The depth-mixed value (B, T, R, Hd) of one layer from its query (B, T, H, Hd) and the raw
+    keys and values (each (B, T, R, Hd)) of its sources."""
+    a = depth_weights(q, keys).to(values[0].dtype)  # (B, T, R, S)
     out = a[..., 0, None] * values[0]
     for s in range(1, len(values)):
         out = out + a[..., s, None] * values[s]
@@ -81,6 +87,21 @@ class DepthAttentionKind(RouterKind):
 
     def dense(self, router, l: int) -> Tensor:
         raise NotImplementedError("router kind depth-attention: the mixing depends on the tokens (no dense matrix)")
+
+    def token_mixing(self, router, l: int, q: Tensor, keys: list[Tensor] | None = None) -> Tensor:
+        """Layer l's value mixing per token (B, T, R, (l+1)R), head r reading slot s*R + r with the
+        softmax weight of source s; ``keys`` are the raw keys (B, T, R, Hd) of layers 0..l. The
+        keys themselves are not mixed (each layer keeps its own)."""
+        if keys is None:
+            raise ValueError("router kind depth-attention: token_mixing needs the raw keys of layers 0..l")
+        R = router.R
+        src = router.sources(l)
+        a = depth_weights(q, [keys[s] for s in src])  # (B, T, R, S)
+        out = a.new_zeros(*a.shape[:2], R, (l + 1) * R)  # (B, T, R, (l+1)R)
+        eye = torch.eye(R, dtype=a.dtype, device=a.device)
+        for i, s in enumerate(src):
+            out[..., s * R:(s + 1) * R] = a[..., i, None] * eye  # head r reads its own head of layer s
+        return out
 
     def macs_per_token(self, router, l: int) -> int:
         if l == 0:
