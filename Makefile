@@ -5,12 +5,15 @@ BIN     := $(VENV)/bin
 # A plain `torch` requirement can pull a multi-GB CUDA build; pin the install step.
 TORCH   ?= torch==2.13.0
 SWEEP   ?= default
+# e.g. SWEEP_ARGS=--until-decided: seeds in waves until every comparison is decided
+SWEEP_ARGS ?=
 PYTEST_ARGS ?=
 # `make bench` adds compiled rows (the paper's Table 17 setting); BENCH_ARGS= for eager only
 BENCH_ARGS ?= --compile default
+REFUSAL_ARGS ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install lint test test-cluster test-all gpu-check dashboard-check sweep report bench mlflow-ui clean
+.PHONY: install lint test test-cluster test-all gpu-check dashboard-check sweep report bench refusal-bench mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -45,7 +48,7 @@ test-all: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 sweep: $(STAMP)
-	$(BIN)/lime sweep run sweeps/$(SWEEP).yaml
+	$(BIN)/lime sweep run sweeps/$(SWEEP).yaml $(SWEEP_ARGS)
 	$(BIN)/lime report $(SWEEP)
 
 report: $(STAMP)
@@ -53,6 +56,11 @@ report: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/lime bench $(BENCH_ARGS)
+
+# how fast the CLI refuses malformed sweep files and trial configs, as a ratio to `lime --help`
+# (wall-clock: run it alone on the machine; REFUSAL_ARGS=--rounds 10 for more)
+refusal-bench: $(STAMP)
+	$(BIN)/python tools/refusal_bench.py $(REFUSAL_ARGS)
 
 mlflow-ui: $(STAMP)
 	$(BIN)/mlflow ui --backend-store-uri "$${MLFLOW_TRACKING_URI:-sqlite:///mlflow.db}" --host 127.0.0.1 --port 5000

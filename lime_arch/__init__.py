@@ -23,6 +23,7 @@ _EXPORTS = {
     "param_groups": "lime_arch.optim",
     "param_counts": "lime_arch.accounting", "flops_per_token": "lime_arch.accounting",
     "routing_overhead": "lime_arch.accounting", "flop_overhead": "lime_arch.accounting",
+    "routing_memory": "lime_arch.accounting",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -12,8 +12,14 @@ multiply-accumulates of
   - the depth mix's own mixing (``DepthMix.macs_per_token``): DenseFormer's weighted sums
     (C per source of each DWA), Hyper-Connections' dynamic projections n*C*(n+2), width and depth
     connections n*C + n^2*C + n*C per sublayer and the final sum of the streams, the value
-    residual's 2*R*Hd per layer >= 1.
-Norms, RoPE, softmax, tanh and residual adds are left out (they are O(d) per token).
+    residual's 2*R*Hd per layer >= 1; mHC's one projection of the flattened streams
+    n*C*n(n+2) and the same width and depth connections per sublayer (its Sinkhorn rounds,
+    O(iters n^2), are left out like a softmax); AttnRes's 2*C per source of every reader (scores
+    and weighted sum); MUDDFormer's dense-weight MLP C*h + h*ways*S and its mixtures ways*S*C
+    after each block.
+  - the dynamic router's scores, q . key for every routed head and source head (R * |S_l|R * Hd),
+    beside its mixing of K and V (counted as full's).
+Norms, RoPE, softmax, sigmoid, GELU, tanh and residual adds are left out (O(d) per token).
 Training FLOPs are taken as 3 x forward.
 
 Against the paper's Table 16 (1B models, relative to LLaMA; arXiv 2502.09245), these counts give
@@ -24,6 +30,10 @@ Against the paper's Table 16 (1B models, relative to LLaMA; arXiv 2502.09245), t
     the paper's +0.03% both; the paper's GQA figure would need at most ~376k parameters, e.g. a
     count of C(n+1) per sublayer, so its implementation counts a little less (which part the
     paper does not say); FLOPs +0.26% GQA, +0.24% MHA vs +0.31% / +0.29%.
+The field's own claims, against the same counts (the test pins them): MUDDFormer reports +0.23%
+parameters at 2.8B (its D 2560, 32 layers); the authors' code rounds the dense-weight MLP's width
+up, (h // 64 + 1) * 64, which this module follows and which gives +0.32% there; the unrounded
+width h = ways * (i + 2) gives +0.22%, the paper's figure.
 Why the FLOPs differ: the paper's counter (2.7615T / 2.9679T per 2,048-token sequence, i.e.
 1.348G / 1.449G multiply-accumulates per token, not FLOPs: LIMe's routing, 17.7M MACs per token
 in the MHA model, is its +1.22%) counts attention about twice as we do and counts norms. Our
@@ -74,6 +84,19 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, i
     mix = _depth_mix(cfg).macs_per_token()
     base = 2 * (matmul + attention)
     return {"base": base, "routing": 2 * routing, "depth_mix": 2 * mix, "total": base + 2 * (routing + mix)}
+
+
+def routing_memory(cfg: ModelConfig, batch: int, seq_len: int | None = None, elem_bytes: int = 4) -> dict[str, int]:
+    """Analytic activation memory of the routing in one training step of ``batch`` sequences, in
+    bytes, on top of the same model without routing: ``kept`` from forward to backward (buffered
+    kinds: one copy of every layer's raw K/V; dynamic: those and each layer's grouped query) and
+    ``transient``, the most held at once on top of that (buffered: the backward's K/V gradient
+    buffer; dynamic: one layer's recomputed per-token weights and sources in backward). The
+    router kind counts them (``RouterKind.activation_elems``); ``elem_bytes`` 2 for bf16."""
+    T = seq_len or cfg.max_seq_len
+    router = _router(cfg)
+    kept, transient = router.kind.activation_elems(router, batch, T)
+    return {"kept": kept * elem_bytes, "transient": transient * elem_bytes}
 
 
 def routing_overhead(cfg: ModelConfig, seq_len: int | None = None) -> float:

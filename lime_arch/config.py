@@ -13,9 +13,53 @@ from typing import Any
 
 from lime_arch.depth_mix import check_depth_mix
 from lime_arch.errors import ConfigError
-from lime_arch.routers import parse_router
+from lime_arch.routers import check_prunable, parse_router
 
 ATTN_IMPLS = ("sdpa", "flash", "eager")
+PRUNE_KEYS = ("top_p", "start", "every", "renormalize")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RouterPrune:
+    """Top-p pruning of the router's weights in training (``lime_arch.prune``): the masks are
+    recomputed from the weights at step ``start`` and then every ``every`` steps (0: only at
+    ``start``); between refreshes the pruned weights stay masked and the skipped sources unread."""
+
+    top_p: float
+    start: int = 0
+    every: int = 0
+    renormalize: bool = True
+
+    def __post_init__(self) -> None:
+        k = "model.router_prune"
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)) or not 0 < self.top_p < 1:
+            raise ConfigError(f"{k}.top_p: must be a number in (0, 1), got {self.top_p!r}")
+        for name in ("start", "every"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"{k}.{name}: must be an integer >= 0, got {v!r}")
+        if not isinstance(self.renormalize, bool):
+            raise ConfigError(f"{k}.renormalize: must be true or false, got {self.renormalize!r}")
+
+    def due(self, step: int) -> bool:
+        """Whether the masks are recomputed before ``step`` (0-based) runs."""
+        if step < self.start:
+            return False
+        return step == self.start if self.every == 0 else (step - self.start) % self.every == 0
+
+    @classmethod
+    def from_value(cls, v: Any) -> RouterPrune | None:
+        if v is None or isinstance(v, RouterPrune):
+            return v
+        if not isinstance(v, dict):
+            raise ConfigError(f"model.router_prune: must be a mapping with keys {', '.join(PRUNE_KEYS)} "
+                              f"(top_p required) or null, got {v!r}")
+        for key in v:
+            if key not in PRUNE_KEYS:
+                raise ConfigError(f"model.router_prune.{key}: unknown key; allowed: {', '.join(PRUNE_KEYS)}")
+        if "top_p" not in v:
+            raise ConfigError("model.router_prune.top_p: required (the mass kept per routed head, in (0, 1))")
+        return cls(**v)
 ROUTER_INITS = ("paper", "identity")
 ROUTING_IMPLS = ("buffer", "concat")
 
@@ -42,13 +86,18 @@ class ModelConfig:
     router: str = "none"
     # How layers reuse earlier hidden states or values (lime_arch.depth_mix): "none" (the plain
     # residual stream), "denseformer[-<dilation>[-<period>]]", "hyper-connections[-<rate>]",
-    # "hyper-connections-static[-<rate>]", "value-residual", "value-residual-learned".
+    # "hyper-connections-static[-<rate>]", "hyper-connections-corl[-<rate>]", "value-residual",
+    # "value-residual-learned", "attn-res", "attn-res-block[-<size>]",
+    # "mhc[-<rate>[-<iters>[-<post_gain>]]]", "mhc-sigmoid[-...]", "mudd".
     depth_mix: str = "none"
     router_init: str = "paper"
     attn_impl: str = "sdpa"
     # "buffer": the preallocated K/V buffer (O(L) memory). "concat": the paper's pseudocode,
     # concatenating every buffered K/V at each layer (O(L^2)); kept as the benchmark's peer.
     routing_impl: str = "buffer"
+    # Top-p pruning of the router's weights in training: {top_p, start, every, renormalize} or None
+    # (lime_arch.prune; the paper's Table 5 and Figure 9). Routers of kind linear only.
+    router_prune: RouterPrune | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
@@ -82,8 +131,11 @@ class ModelConfig:
                 raise ConfigError(f"model.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"model.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
-        parse_router(self.router)  # raises ConfigError listing the registered routers
+        router_cls, _ = parse_router(self.router)  # raises ConfigError listing the registered routers
         check_depth_mix(self.depth_mix, n_layers=self.n_layers)  # the same for the depth mixes
+        object.__setattr__(self, "router_prune", RouterPrune.from_value(self.router_prune))
+        if self.router_prune is not None:
+            check_prunable(router_cls)
 
     @property
     def kv_heads(self) -> int:

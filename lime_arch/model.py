@@ -7,8 +7,10 @@ RoPE is applied once after routing (all mixed vectors share one position, so thi
 post-RoPE keys). With the ``none`` router this is exactly LLaMA.
 
 The residual stream goes through the depth mix (``lime_arch.depth_mix``: DenseFormer,
-Hyper-Connections, value residual): its hooks wrap each sublayer, run after each block, and see
-the routed values; ``none`` is the plain ``x + sublayer(x)``, the same operations as before.
+Hyper-Connections, mHC, Attention Residuals, MUDDFormer, value residual): its hooks wrap each
+sublayer, run after each block, and see the routed values; ``none`` is the plain
+``x + sublayer(x)``, the same operations as before. A depth mix may give the attention's keys and
+values inputs of their own (MUDDFormer); without them the three read the same normed input.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ from torch import nn
 
 from lime_arch.config import ModelConfig
 from lime_arch.depth_mix import DepthMix, build_depth_mix
+from lime_arch.prune import attach as attach_prune
 from lime_arch.routers import Router, build_router
 from lime_arch.routing.mixers import make_mixer
 
@@ -92,11 +95,15 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, self.R * self.Hd, bias=False)
         self.wo = nn.Linear(self.H * self.Hd, cfg.d_model, bias=False)
 
-    def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None) -> Tensor:
+    def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None,
+                kv: tuple[Tensor, Tensor] | None = None) -> Tensor:
+        """x: the (normed) input (B, T, C) of the queries, and of the keys and values unless ``kv``
+        gives them their own (normed) inputs (MUDDFormer's separate Q, K, V streams)."""
         B, T, _ = x.shape
+        xk, xv = (x, x) if kv is None else kv
         q = self.wq(x).view(B, T, self.H, self.Hd)  # pre-RoPE (B, T, H, Hd)
-        k = self.wk(x).view(B, T, self.R, self.Hd)  # raw, pre-RoPE (B, T, R, Hd)
-        v = self.wv(x).view(B, T, self.R, self.Hd)
+        k = self.wk(xk).view(B, T, self.R, self.Hd)  # raw, pre-RoPE (B, T, R, Hd)
+        v = self.wv(xv).view(B, T, self.R, self.Hd)
         k, v = mixer.route(l, k, v, q=q)  # routed (B, R, T, Hd); token-dependent kinds read q
         q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k, cos, sin)  # (B, H, T, Hd), (B, R, T, Hd)
         causal = True
@@ -158,8 +165,15 @@ class Block(nn.Module):
     def forward(self, x: Tensor, l: int, mixer, cos: Tensor, sin: Tensor, cache: KVCache | None,
                 mix: DepthMix, memo: dict) -> Tensor:
         """x: the residual state (B, T, C); (B, T, n, C) with Hyper-Connections. The depth mix
-        applies each sublayer (``none``: x + sublayer(x))."""
-        x = mix.sublayer(2 * l, x, lambda h: self.attn(self.attn_norm(h), l, mixer, cos, sin, cache), memo)
+        applies each sublayer (``none``: x + sublayer(x)). The attention sublayer takes an optional
+        ``kv``: separate inputs of its keys and values as ((x_k, g_k), (x_v, g_v)), each through
+        this block's attention norm and then its own gain g (MUDDFormer's Q, K, V streams); the K/V
+        still go through the router's mixer."""
+        def attend(h: Tensor, kv=None) -> Tensor:
+            kv_in = None if kv is None else tuple(self.attn_norm(s) * g for s, g in kv)
+            return self.attn(self.attn_norm(h), l, mixer, cos, sin, cache, kv_in)
+
+        x = mix.sublayer(2 * l, x, attend, memo)
         return mix.sublayer(2 * l + 1, x, lambda h: self.mlp(self.mlp_norm(h)), memo)
 
 
@@ -177,6 +191,8 @@ class LIMeDecoder(nn.Module):
         # built after the init loop so its own (paper or identity) init is kept
         self.router: Router = build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
                                            head_dim=cfg.head_dim, init=cfg.router_init)
+        if cfg.router_prune is not None:  # its masks (nothing pruned until the first refresh): in the state dict
+            attach_prune(self.router)
         # after every other weight, from a forked RNG: the shared weights equal the none model's
         self.depth_mix: DepthMix = build_depth_mix(cfg.depth_mix, n_layers=cfg.n_layers, d_model=cfg.d_model,
                                                    n_heads=cfg.n_heads, n_kv_heads=cfg.kv_heads,

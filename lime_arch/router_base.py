@@ -1,32 +1,42 @@
-"""The router base class and the router registry (the registered routers are in
+"""The router declaration and the router registry, torch-free (the registered routers are in
 ``lime_arch.routers``, which re-exports everything here; import from there).
 
-A router owns the coefficients of every layer and answers three questions:
-  ``sources(l)``  which buffered slots layer l reads (sorted, unique, always including l);
+A router class is a *declaration*: its name, its kind's name, its typed arguments and
+``sources(l)`` (which buffered slots layer l reads: sorted, unique, always including l). That is
+all a config check needs, so ``lime_arch.ModelConfig`` validates ``model.router`` without
+importing torch. Building a router (``build_router``, or calling the class) makes its
+implementation, the class mixed with the torch base ``lime_arch.router_module.RouterModule``
+(``lime_arch.specs.Declared``): an ``nn.Module`` that is also an instance of the router class,
+with one parameter per layer l >= 1 (``weights[l - 1]``) for the learned kinds, and answering
   ``weight(l)``   exactly the operand the mixer multiplies, in the layout of the router's
                   ``kind``, or None where nothing is multiplied (layer 0 and the parameter-free
                   kinds). The mixers use nothing else: a router that computes its weight (a
-                  softmax over a parameter, say) routes correctly without telling anyone; when
-                  ``weight(l)`` returns a parameter itself, the mixer memoises views of it, when it
-                  returns a computed tensor, autograd flows through it;
+                  softmax over a parameter, say) overrides ``weight`` in its class (importing
+                  torch inside the method) and routes correctly without telling anyone;
   ``dense(l)``    the same mixing as a dense (R, (l+1)*R) matrix ((R, (l+1)*R, Hd) per-dim), zeros
                   outside the sources: for analysis, plots and the concatenation reference.
+A router of a prunable kind may carry top-p pruning masks (``router.prune``, ``lime_arch.prune``):
+the mixers then run ``executed()``, a view with the kept sources and the masked weights.
 
-Everything that depends on the kind (the operand's shape and init, ``dense``, the MACs the
-accounting counts, the mixer) is the kind object's (``lime_arch.routing.kinds``); this class asks
-it. The registry is a ``lime_arch.specs.SpecRegistry``: spec strings ``name`` or ``name-4-8``, every
+A router declares its kind by name, ``kind = KindName("linear")``: a kind is one module of
+``lime_arch.routing.kinds`` named after it, and reading ``Router.kind`` loads the kinds (torch)
+and gives the registered ``RouterKind`` (a router may also name a ``RouterKind`` object itself).
+The registry is a ``lime_arch.specs.SpecRegistry``: spec strings ``name`` or ``name-4-8``, every
 argument required, typed and positive.
 """
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import inspect
+import sys
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import Any, ClassVar
 
-import torch
-from torch import nn
+from lime_arch.errors import ConfigError
+from lime_arch.specs import NAME, Declared, RequiredArg, SpecRegistry, spec_string
 
-from lime_arch.routing.kinds.base import ROUTER_KINDS, RouterKind
-from lime_arch.specs import RequiredArg, SpecRegistry, spec_string
+KINDS_PACKAGE = "lime_arch.routing.kinds"
 
 
 class RouterArg(RequiredArg):
@@ -34,81 +44,84 @@ class RouterArg(RequiredArg):
     Values are positive; ``example`` is the value used in error messages and by ``router_specs()``."""
 
 
-# set on every router class or instance; an argument of the same name would overwrite one of them
-_RESERVED = frozenset({"name", "n_layers", "R", "head_dim", "init", "arg_values", "weights", "training"})
+class KindName:
+    """A router kind by name, what a router class declares (``kind = KindName("linear")``).
+
+    Torch-free: the name is checked against the kind modules (one per kind, ``same-head`` is
+    ``same_head.py``) without importing them, so a typo fails when the router is declared. Read
+    from a class (``FullRouter.kind``), it is the registered ``RouterKind``: the kinds load then."""
+
+    def __init__(self, name: str):
+        module = f"{KINDS_PACKAGE}.{name.replace('-', '_')}" if isinstance(name, str) and NAME.fullmatch(name) else None
+        if module is None or importlib.util.find_spec(module) is None:
+            raise ValueError(f"router kind {name!r}: no module {KINDS_PACKAGE}.<name> (one module per kind)")
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"KindName({self.name!r})"
+
+    def __get__(self, obj: Any, owner: type | None = None):
+        return self.resolve()
+
+    def resolve(self):
+        """The registered ``RouterKind`` of this name (imports every kind module)."""
+        kinds = importlib.import_module(KINDS_PACKAGE).load()
+        if self.name not in kinds:
+            raise TypeError(f"router kind {self.name!r}: its module registers no kind of that name")
+        return kinds[self.name]
 
 
-class Router(nn.Module):
-    """Base class: learned kinds get one parameter per layer l >= 1 (``weights[l - 1]``) shaped like
-    the operand of their kind, and ``weight(l)`` returns it. A subclass may compute its weight
-    from any parameters instead (override ``weight``, and ``weight_shape``/``_init_weight`` for
-    parameters of another shape); ``weight(l)`` must keep the operand layout of ``kind``."""
+class Router(Declared):
+    """Base class of the router declarations (see the module docstring). A subclass sets ``kind``,
+    overrides ``sources`` and declares ``arguments``; the torch side is ``RouterModule``'s."""
 
+    implementation = "lime_arch.router_module:RouterModule"
     name: ClassVar[str]
-    kind: ClassVar[RouterKind]  # declared by every registered class; checked at registration
+    kind: ClassVar[Any]  # a KindName (or a RouterKind); checked at registration
     arguments: ClassVar[tuple[RouterArg, ...]] = ()
-
-    def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, args: Sequence[int | float] = (),
-                 init: str):
-        super().__init__()
-        if len(args) != len(self.arguments):
-            raise ValueError(f"router {self.name}: takes {len(self.arguments)} arguments, got {tuple(args)}")
-        self.n_layers, self.R, self.head_dim, self.init = n_layers, n_kv_heads, head_dim, init
-        self.arg_values = tuple(args)
-        for a, v in zip(self.arguments, args):
-            setattr(self, a.name, v)
-        self.weights = nn.ParameterList(
-            [nn.Parameter(self._init_weight(l)) for l in range(1, n_layers)] if self.kind.learned else []
-        )
 
     @property
     def spec(self) -> str:
         return spec_string(self.name, self.arg_values)
 
-    @property
-    def learned(self) -> bool:
-        return self.kind.learned
-
-    # -- what each router defines -------------------------------------------------------------
     def sources(self, l: int) -> list[int]:
         return list(range(l + 1))
 
-    def operand_shape(self, l: int) -> tuple[int, ...] | None:
-        """The shape of ``weight(l)`` for a learned kind, e.g. (R, |S|*R), (R, |S|) or (R, |S|*R, Hd)."""
-        return self.kind.operand_shape(self, l)
 
-    def weight_shape(self, l: int) -> tuple[int, ...]:
-        """The shape of layer l's parameter (by default the operand itself)."""
-        return self.operand_shape(l)
+# the kinds whose weights top-p pruning applies to (``RouterKind.prunable``; ``lime_arch.prune``),
+# by name so a config check reads them without torch (tests/lime_arch/test_prune.py keeps the two equal)
+PRUNABLE_KINDS = frozenset({"linear"})
 
-    def _init_weight(self, l: int) -> torch.Tensor:
-        """Layer l's initial parameter: the kind's (the paper's U(-b, b) and identity on the
-        current slot; ``identity`` init: exactly the baseline at step 0)."""
-        return self.kind.init_weight(self, l)
 
-    def weight(self, l: int) -> torch.Tensor | None:
-        """The operand the mixer multiplies for layer l, shaped ``operand_shape(l)``."""
-        if l == 0 or not self.kind.learned:
-            return None
-        return self.weights[l - 1]
+def kind_name(router_cls: type) -> str:
+    """The name of a router class's kind, read torch-free (the ``KindName`` it declares)."""
+    k = inspect.getattr_static(router_cls, "kind")
+    return k.name
 
-    def dense(self, l: int) -> torch.Tensor:
-        """Dense (R, (l+1)*R) equivalent (per-dim: (R, (l+1)*R, Hd)), zeros outside the sources."""
-        return self.kind.dense(self, l)
 
-    def n_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+def check_prunable(router_cls: type, key: str = "model.router_prune") -> None:
+    """A ConfigError unless the router's kind can be pruned (a learned kind with ``prunable``)."""
+    kind = kind_name(router_cls)
+    if kind not in PRUNABLE_KINDS:
+        raise ConfigError(f"{key}: router {router_cls.name!r} (kind {kind}) cannot be pruned; "
+                          "prunable: routers of kind linear (full, first-<j>, last-<j>, dilated-<d>)")
 
-    def macs_per_token(self, l: int) -> int:
-        """Multiply-accumulates per token of routing K and V at layer l."""
-        return self.kind.macs_per_token(self, l)
+
+# set on every router instance by RouterModule; an argument of the same name would overwrite one
+_RESERVED = frozenset({"name", "n_layers", "R", "head_dim", "init", "arg_values", "weights", "training", "kind",
+                       "declaration", "learned", "prune"})
 
 
 def _check_kind(name: str, cls: type) -> None:
-    kind = getattr(cls, "kind", None)
-    if not isinstance(kind, RouterKind) or ROUTER_KINDS.get(kind.name) is not kind:
-        raise TypeError(f"router {name!r}: kind must be one of the registered router kinds "
-                        f"({', '.join(ROUTER_KINDS)}), got {kind!r}")
+    kind = inspect.getattr_static(cls, "kind", None)  # the declaration itself: nothing is loaded
+    if isinstance(kind, KindName):
+        return
+    base = sys.modules.get(f"{KINDS_PACKAGE}.base")  # a RouterKind object: the kinds are loaded already
+    if base is not None and isinstance(kind, base.RouterKind) and base.ROUTER_KINDS.get(kind.name) is kind:
+        return
+    kinds = importlib.import_module(KINDS_PACKAGE).load()  # a bug in the class: list the kinds
+    raise TypeError(f"router {name!r}: kind must be one of the registered router kinds "
+                    f"({', '.join(kinds)}), got {kind!r}")
 
 
 ROUTERS = SpecRegistry("router", key="model.router", base=Router, arg_class=RouterArg, reserved=_RESERVED,
@@ -134,5 +147,6 @@ def parse_router(spec: str) -> tuple[type[Router], tuple[int | float, ...]]:
 
 
 def build_router(spec: str, *, n_layers: int, n_kv_heads: int, head_dim: int, init: str = "paper") -> Router:
+    """The router module of ``spec`` (torch loads here)."""
     cls, args = parse_router(spec)
     return cls(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, args=args, init=init)

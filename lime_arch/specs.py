@@ -20,13 +20,23 @@ The spec's name is its leading words; the rest must be numbers. ``parse`` return
 the argument values, ``specs`` lists the registry as spec strings, and every message names the
 config key (``model.router``) and lists what is registered (``first-<int>``,
 ``denseformer[-<dilation>[-<period>]]``).
+
+``Declared`` is how a registry's classes stay torch-free: a class body declares what a config
+check reads (the name, the typed arguments, ``check``, a router's sources) and may define torch
+methods too (they run only on an instance); instantiating it instantiates its *implementation*,
+the class mixed with the torch base its family names (``implementation = "module:Base"``), made
+once per class on first use. Routers and depth mixes are ``Declared``; a config is validated
+without importing torch, and ``FullRouter(...)`` is still an ``nn.Module`` that is a
+``FullRouter``.
 """
 from __future__ import annotations
 
+import functools
+import importlib
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from lime_arch.errors import ConfigError
 
@@ -129,6 +139,52 @@ class Registry(dict[str, T]):
         if not isinstance(name, str) or name not in self:
             raise self.unknown(name)
         return self[name]
+
+
+# -- torch-free declarations, implemented on first use ---------------------------------------------
+class Declared:
+    """A class declared without its heavy base. ``implementation`` ("module:Base") names the base
+    (an ``nn.Module`` subclass, say) that ``implementation_of`` mixes the class with: the
+    implementation subclasses both, in that order, so the class's own methods and attributes come
+    first, and ``isinstance(obj, TheClass)`` holds. The base may add class attributes to the
+    mix (``implementation_attributes(cls)``, e.g. a router's resolved kind)."""
+
+    implementation: ClassVar[str]
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        # FullRouter(...) makes an instance of FullRouter's implementation; __init__ then runs as
+        # usual (the implementation is a subclass of cls)
+        return object.__new__(implementation_of(cls))
+
+    def __reduce_ex__(self, protocol: int):
+        # the implementation is made at run time, so pickle cannot find it by name: name the
+        # declaration (deepcopy and pickle both come here)
+        return _instance_of, (type(self).declaration,), self.__getstate__()
+
+
+@functools.cache
+def _implementation(cls: type) -> type:
+    mod, _, base_name = cls.implementation.partition(":")
+    base = getattr(importlib.import_module(mod), base_name)
+    clash = [a.name for a in getattr(cls, "arguments", ()) if hasattr(base, a.name)]
+    if clash:
+        raise TypeError(f"{cls.__qualname__}: argument name {clash[0]!r} is an attribute of {base.__name__}")
+    extra = base.implementation_attributes(cls) if hasattr(base, "implementation_attributes") else {}
+    namespace = {"declaration": cls, "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                 "__doc__": cls.__doc__, **extra}
+    return type(cls.__name__, (cls, base), namespace)
+
+
+def implementation_of(cls: type) -> type:
+    """The implementation class of a ``Declared`` class (itself if it is one already)."""
+    if "declaration" in cls.__dict__:
+        return cls
+    return _implementation(cls)
+
+
+def _instance_of(cls: type) -> Any:
+    """An empty instance of a declared class's implementation (unpickling fills its state)."""
+    return object.__new__(implementation_of(cls))
 
 
 # -- spec strings ---------------------------------------------------------------------------------

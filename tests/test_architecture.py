@@ -21,16 +21,31 @@ ALLOWED = {
     "tasks": {"core", "model.errors", "model.specs"},
     "analysis": {"core", "model"},
     "engine": {"core", "tasks", "analysis", "model"},
+    "evaluation": {"core", "engine", "tasks", "model"},
+    "export": {"core", "engine", "evaluation", "model"},
     "bench": {"core", "model"},
-    "sweep": {"core", "engine", "tasks", "model"},
-    "report": {"core", "analysis.torchfree", "model.errors"},
-    "cli": {"core", "tasks", "analysis", "engine", "bench", "sweep", "report", "model"},
+    "decide": {"core", "model.errors"},
+    "sweep": {"core", "decide", "engine", "evaluation", "tasks", "model"},
+    "report": {"core", "decide", "analysis.torchfree", "model.errors"},
+    "cli": {"core", "tasks", "analysis", "engine", "evaluation", "export", "bench", "decide", "sweep", "report",
+            "model"},
 }
-TORCH_FREE = ("orchestrator.core", "orchestrator.report", "orchestrator.analysis.metrics",
+# What validates a sweep file or a trial config, and the CLI modules that do it before loading the
+# heavy parts: no torch, Ray, MLflow, scipy or pandas (a refusal is one line in a fraction of a
+# second). The routers' and depth mixes' declarations, the data sources' checks, the trial config,
+# the sweep format.
+VALIDATION = ("lime_arch.config", "lime_arch.routers", "lime_arch.router_base", "lime_arch.depth_mix.registry",
+              "lime_arch.depth_mix.peers", "lime_arch.depth_mix.mhc", "lime_arch.depth_mix.attn_res",
+              "lime_arch.depth_mix.mudd", "orchestrator.engine.trial_config", "orchestrator.engine.sources",
+              "orchestrator.engine.taskspec", "orchestrator.sweep.files", "orchestrator.sweep.checks",
+              "orchestrator.sweep.blocks", "orchestrator.sweep.schema", "orchestrator.sweep.spec",
+              "orchestrator.cli.sweep", "orchestrator.cli.train", "orchestrator.cli.plan", "orchestrator.cli.report")
+TORCH_FREE = ("orchestrator.core", "orchestrator.decide", "orchestrator.report", "orchestrator.analysis.metrics",
               "orchestrator.analysis.plots", "orchestrator.tasks", "lime_arch.errors", "lime_arch.specs",
               "lime_arch.size", "orchestrator.cli.bench",
               "orchestrator.bench.shapes", "orchestrator.bench.targets",
-              "orchestrator.bench.outputs")
+              "orchestrator.bench.outputs", "orchestrator.evaluation.suites", "orchestrator.evaluation.settings",
+              *VALIDATION)
 MAX_LINES = 400
 
 
@@ -152,16 +167,31 @@ def test_modules_stay_readable():
     assert not big, "\n".join(big)
 
 
-@pytest.mark.parametrize("mod", TORCH_FREE)
-def test_torch_free_layers_do_not_import_torch_or_ray(mod):
+def _heavy_imports(mod: str, heavy: tuple[str, ...]) -> str:
+    """Which of ``heavy`` are in sys.modules after importing ``mod`` (and its subpackages) in a
+    fresh interpreter."""
     code = (f"import sys, importlib, pkgutil; m = importlib.import_module({mod!r}); "
             "subs = pkgutil.walk_packages(getattr(m, '__path__', []), m.__name__ + '.'); "
             "[importlib.import_module(x.name) for x in subs]; "
-            "heavy = ('torch', 'ray', 'orchestrator.sweep', 'orchestrator.engine'); "
-            "print(sorted(k for k in heavy if k in sys.modules))")
+            f"print(sorted(k for k in {heavy!r} if k in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]", f"{mod} pulls in {out.stdout.strip()}"
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("mod", TORCH_FREE)
+def test_torch_free_layers_do_not_import_torch_or_ray(mod):
+    # the validation modules may import the torch-free modules of the engine and sweep layers
+    heavy = ("torch", "ray", "lm_eval", "transformers") + (() if mod in VALIDATION else
+                                                            ("orchestrator.sweep", "orchestrator.engine"))
+    assert _heavy_imports(mod, heavy) == "[]", f"{mod} pulls in {_heavy_imports(mod, heavy)}"
+
+
+@pytest.mark.parametrize("mod", VALIDATION)
+def test_validation_imports_no_heavy_library(mod):
+    heavy = ("torch", "ray", "mlflow", "scipy", "pandas", "statsmodels", "matplotlib", "datasets", "tokenizers",
+             "lm_eval", "transformers")
+    assert _heavy_imports(mod, heavy) == "[]", f"{mod} pulls in {_heavy_imports(mod, heavy)}"
 
 
 def test_the_layering_test_sees_a_forbidden_edge(tmp_path):
@@ -175,3 +205,5 @@ def test_the_layering_test_sees_a_forbidden_edge(tmp_path):
     assert _edge_ok("orchestrator.tasks.base", "lime_arch.specs")
     assert not _edge_ok("orchestrator.report.build", "lime_arch.specs")
     assert not _edge_ok("orchestrator.tasks.base", "lime_arch.routers")
+    assert not _edge_ok("orchestrator.decide.waves", "orchestrator.report.build")
+    assert not _edge_ok("orchestrator.decide.waves", "orchestrator.sweep.driver")

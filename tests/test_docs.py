@@ -56,10 +56,11 @@ def _dataclass_of(tp) -> type | None:
 def schema(cls: type, prefix: str = "", extra: dict[str, type] | None = None) -> dict[str, set[str]]:
     """Block -> the keys a file may write there (fields the file sets: ``init=True``)."""
     resolved = getattr(cls, "__pydantic_fields__", {})  # pydantic resolved the annotations
+    hints = {} if resolved else typing.get_type_hints(cls)  # a plain dataclass's (string) annotations
     fields = [f for f in dataclasses.fields(cls) if f.init]
     out = {prefix.rstrip("."): {f.name for f in fields}}
     for f in fields:
-        tp = resolved[f.name].annotation if f.name in resolved else f.type
+        tp = resolved[f.name].annotation if f.name in resolved else hints.get(f.name, f.type)
         sub = (extra or {}).get(f.name) or _dataclass_of(tp)
         if sub is not None and not isinstance(sub, types.GenericAlias):
             out.update(schema(sub, f"{prefix}{f.name}."))

@@ -1,6 +1,7 @@
-"""The depth-mix axis (``model.depth_mix``): the registry (``registry``) and the paper's peers
-(``peers``: DenseFormer, Hyper-Connections, value residual). Importing the package registers them."""
-from lime_arch.depth_mix import peers  # noqa: F401 - registers the peers
+"""The depth-mix axis (``model.depth_mix``): the registry (``registry``), the paper's peers
+(``peers``: DenseFormer, Hyper-Connections, value residual) and the 2026 field (``mhc``: mHC,
+``attn_res``: Attention Residuals, ``mudd``: MUDDFormer). Importing the package registers them."""
+from lime_arch.depth_mix import attn_res, mhc, mudd, peers  # noqa: F401 - registers them
 from lime_arch.depth_mix.registry import (
     DEPTH_MIXES,
     DepthMix,

@@ -1,21 +1,23 @@
 """The paper's peer architectures as depth mixes (arXiv 2502.09245, Section 5 and Appendix C):
-DenseFormer, Hyper-Connections (dynamic and static) and ResFormer's value residual.
+DenseFormer, Hyper-Connections (dynamic, static, and as the LIMe authors ran it) and ResFormer's
+value residual. The 2026 field (mHC, Attention Residuals, MUDDFormer) has modules of its own.
 
 Each restates its original paper; the hooks are described in ``lime_arch.depth_mix.registry``.
 Shapes: B batch, T tokens, C = d_model, n the HC expansion rate, R KV heads, Hd head dim.
+
+No torch at the top of this module: the classes are also the declarations a config check reads
+(names, arguments, ``check``), so the methods that call torch import it themselves.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import nullcontext
-from typing import ClassVar
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, ClassVar
 
 from lime_arch.depth_mix.registry import DepthMix, MixArg, register_depth_mix
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 @register_depth_mix("denseformer")
@@ -32,6 +34,9 @@ class DenseFormer(DepthMix):
     period: int
 
     def __init__(self, **kw):
+        import torch
+        from torch import nn
+
         super().__init__(**kw)
         self.points = [i for i in range(1, self.n_layers + 1) if i % self.period == 0]  # DWA after block i
         self.slot = {i: m for m, i in enumerate(self.points)}
@@ -57,6 +62,8 @@ class DenseFormer(DepthMix):
         return x
 
     def after_block(self, l: int, x: Tensor, memo: dict) -> Tensor:
+        import torch
+
         outputs = memo["outputs"]
         outputs.append(x)  # X_i, i = l + 1
         m = self.slot.get(l + 1)
@@ -76,6 +83,8 @@ class DenseFormer(DepthMix):
 def _full_precision(t: Tensor):
     """Autocast off (where it is on): the residual streams stay in their own dtype (fp32), as the
     baseline's residual stream does under bf16 autocast."""
+    import torch
+
     dev = t.device.type
     return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else nullcontext()
 
@@ -109,11 +118,14 @@ class HyperConnections(DepthMix):
     dynamic: ClassVar[bool] = True
 
     def __init__(self, **kw):
+        import torch
+        from torch import nn
+
         super().__init__(**kw)
         n, K = self.rate, 2 * self.n_layers
         alpha = torch.zeros(K, n, n + 1)  # per sublayer [a_m | A_r]
         for k in range(K):
-            alpha[k, k % n, 0] = 1.0
+            alpha[k, self.stream(k), 0] = 1.0
             alpha[k, :, 1:] = torch.eye(n)
         self.static_alpha = nn.Parameter(alpha)
         self.static_beta = nn.Parameter(torch.ones(K, n))
@@ -124,15 +136,26 @@ class HyperConnections(DepthMix):
     def decays(self, name: str) -> bool:
         return name.startswith("proj.")
 
+    def stream(self, k: int) -> int:
+        """The stream sublayer k reads at init (a_m = e_stream): the HC paper indexes the sublayers."""
+        return k % self.rate
+
+    def norm(self, H: Tensor) -> Tensor:
+        """norm(H) of the dynamic weights: RMSNorm per stream without a gain (B, T, n, C)."""
+        import torch
+
+        Hf = H.to(torch.promote_types(H.dtype, torch.float32))
+        return (Hf * torch.rsqrt(Hf.pow(2).mean(-1, keepdim=True) + self.norm_eps)).type_as(H)
+
     def _weights(self, k: int, H: Tensor) -> tuple[Tensor, Tensor]:
         """[a_m | A_r] (n, n+1) and b (n,) of sublayer k; dynamic: (B, T, n, n+1) and (B, T, n)."""
+        import torch
+
         alpha, beta = self.static_alpha[k], self.static_beta[k]
         if not self.dynamic:
             return alpha, beta
         n = self.rate
-        Hf = H.to(torch.promote_types(H.dtype, torch.float32))
-        Hn = (Hf * torch.rsqrt(Hf.pow(2).mean(-1, keepdim=True) + self.norm_eps)).type_as(H)  # (B, T, n, C)
-        d = torch.tanh(Hn @ self.proj[k])  # (B, T, n, n+2)
+        d = torch.tanh(self.norm(H) @ self.proj[k])  # (B, T, n, n+2)
         s = self.scale[k]
         return alpha + s[0] * d[..., :n + 1], beta + s[1] * d[..., n + 1]
 
@@ -168,6 +191,32 @@ class StaticHyperConnections(HyperConnections):
     dynamic = False
 
 
+@register_depth_mix("hyper-connections-corl")
+class CorlHyperConnections(HyperConnections):
+    """Dynamic Hyper-Connections as the LIMe authors ran them for the paper's HC rows (Table 1;
+    corl-team/lime, src/lm/hc.py), which differ from the HC paper in two choices:
+      - both sublayers of layer l read stream l mod n at init (a_m = e_{l mod n} for k = 2l and
+        2l + 1), where the HC paper indexes the sublayers (e_{k mod n});
+      - norm(H) of the dynamic weights is a LayerNorm without affine (mean removed, then divided by
+        the standard deviation, biased variance), where ``hyper-connections`` uses an RMSNorm
+        without gain; eps is the model's norm eps (the authors' nn.LayerNorm default is 1e-5, this
+        project's too).
+    Everything else is ``hyper-connections``: the static init is the baseline's stream in every
+    stream, the scales start at 0.01, the streams are summed before the final norm. Not carried
+    over: the authors' blocks also replace the pre-norms (RMSNorm with gain) by LayerNorms without
+    affine; those norms belong to the shared model, not the depth mix, and stay the baseline's."""
+
+    def stream(self, k: int) -> int:
+        return (k // 2) % self.rate
+
+    def norm(self, H: Tensor) -> Tensor:
+        import torch
+        import torch.nn.functional as F
+
+        Hf = H.to(torch.promote_types(H.dtype, torch.float32))
+        return F.layer_norm(Hf, Hf.shape[-1:], eps=self.norm_eps).type_as(H)  # (B, T, n, C)
+
+
 @register_depth_mix("value-residual")
 class ValueResidual(DepthMix):
     """ResFormer's value residual (Zhou et al. 2025): for every layer after the first (0-based
@@ -201,6 +250,9 @@ class LearnedValueResidual(ValueResidual):
     step 0 equals ``value-residual``); 2 (L - 1) scalars, without weight decay."""
 
     def __init__(self, **kw):
+        import torch
+        from torch import nn
+
         super().__init__(**kw)
         self.lambdas = nn.Parameter(torch.full((max(self.n_layers - 1, 0), 2), 0.5))  # (l1, l2) per layer >= 1
 

@@ -7,7 +7,14 @@ earlier block output (DenseFormer), n parallel residual streams (Hyper-Connectio
 shortcut from the first layer's values (ResFormer's value residual). The two compose: any
 router with any depth mix is a legal model.
 
-A depth mix is one ``nn.Module`` class with ``@register_depth_mix(name)``. The decoder calls its
+A depth mix is one class with ``@register_depth_mix(name)``, declared torch-free: its name, its
+typed ``arguments`` and ``check`` (what is wrong with them for a model) are all a config check
+reads, so ``lime_arch.ModelConfig`` validates ``model.depth_mix`` without importing torch. The
+module that defines a depth mix imports no torch at its top; its methods import torch where they
+need it (``__init__``, which makes the weights, and the hooks that call torch functions). Building
+it (``build_depth_mix``, or calling the class) makes its implementation, the class mixed with the
+``nn.Module`` base ``lime_arch.depth_mix.module.DepthMixModule`` (``lime_arch.specs.Declared``):
+an ``nn.Module`` that is an instance of the class. The decoder calls its
 hooks, each with the per-pass ``memo`` (a fresh dict per forward pass, for state such as the
 block outputs so far); every default is the plain residual stream, so a class overrides only
 what it changes:
@@ -30,16 +37,15 @@ use ``self.std`` (the model's init std).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import ClassVar
-
-import torch
-from torch import nn
+import importlib
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
 
 from lime_arch.errors import ConfigError
-from lime_arch.specs import OptionalArg, SpecRegistry, spec_string
+from lime_arch.specs import Declared, OptionalArg, SpecRegistry, spec_string
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class MixArg(OptionalArg):
@@ -49,7 +55,7 @@ class MixArg(OptionalArg):
 
 # set on every depth mix instance; an argument of the same name would overwrite one of them
 _RESERVED = frozenset({"name", "n_layers", "d_model", "n_heads", "n_kv_heads", "head_dim", "norm_eps", "std",
-                       "arg_values", "training"})
+                       "arg_values", "training", "declaration"})
 
 
 class _ValuesAfterRouting:
@@ -63,25 +69,18 @@ class _ValuesAfterRouting:
         return k, self.mix.values(l, v, self.memo)
 
 
-class DepthMix(nn.Module):
-    """Base class: the plain residual stream. See the module docstring for the hooks."""
+class DepthMix(Declared):
+    """Base class: the plain residual stream. See the module docstring for the hooks. The
+    instance attributes (``n_layers``, ``d_model``, ``n_heads``, ``n_kv_heads``, ``head_dim``,
+    ``norm_eps``, ``std`` and each argument by name) are set by ``DepthMixModule.__init__``,
+    which a subclass's ``__init__`` reaches with ``super().__init__(**kw)``."""
 
+    implementation = "lime_arch.depth_mix.module:DepthMixModule"
     name: ClassVar[str]
     arguments: ClassVar[tuple[MixArg, ...]] = ()
     # True: at step 0 the model computes what the ``none`` model of the same seed computes (the
     # tests check it for every entry that says so)
     baseline_at_init: ClassVar[bool] = True
-
-    def __init__(self, *, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
-                 norm_eps: float, std: float, args: Sequence[int | float] = ()):
-        super().__init__()
-        if len(args) != len(self.arguments):
-            raise ValueError(f"depth mix {self.name}: takes {len(self.arguments)} arguments, got {tuple(args)}")
-        self.n_layers, self.d_model, self.n_heads = n_layers, d_model, n_heads
-        self.n_kv_heads, self.head_dim, self.norm_eps, self.std = n_kv_heads, head_dim, norm_eps, std
-        self.arg_values = tuple(args)
-        for a, v in zip(self.arguments, args):
-            setattr(self, a.name, v)
 
     @property
     def spec(self) -> str:
@@ -127,12 +126,18 @@ class DepthMix(nn.Module):
         of a depth mix's weights do (they are mixing scalars, like the router's)."""
         return False
 
-    def n_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
     def macs_per_token(self) -> int:
         """Multiply-accumulates per token of the mixing itself (``lime_arch.accounting``)."""
         return 0
+
+
+class Submodule(Declared):
+    """A depth mix's own building block, declared without torch like the mix itself: a subclass
+    defines ``__init__`` (calling ``super().__init__()`` first) and ``forward`` as an ``nn.Module``
+    would, importing torch inside them; an instance is an ``nn.Module`` (the class mixed with it on
+    first use), so it nests in ``nn.ModuleList`` and keeps its parameters' names."""
+
+    implementation = "torch.nn:Module"
 
 
 DEPTH_MIXES = SpecRegistry("depth mix", key="model.depth_mix", base=DepthMix, arg_class=MixArg, reserved=_RESERVED)
@@ -165,13 +170,14 @@ def check_depth_mix(spec: str, *, n_layers: int) -> None:
 
 def build_depth_mix(spec: str, *, n_layers: int, d_model: int, n_heads: int, n_kv_heads: int, head_dim: int,
                     norm_eps: float, std: float) -> DepthMix:
-    """The depth mix of ``spec``. Its weights are drawn (if at all) from a fork of the global RNG,
-    which is left as it was: the model's other weights do not depend on the depth mix."""
+    """The depth mix module of ``spec`` (torch loads here). Its weights are drawn (if at all) from
+    a fork of the global RNG, which is left as it was: the model's other weights do not depend on
+    the depth mix."""
     check_depth_mix(spec, n_layers=n_layers)
     cls, args = parse_depth_mix(spec)
-    with torch.random.fork_rng(devices=[]):
-        return cls(n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim,
-                   norm_eps=norm_eps, std=std, args=args)
+    module = importlib.import_module("lime_arch.depth_mix.module")
+    return module.build(cls, n_layers=n_layers, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads,
+                        head_dim=head_dim, norm_eps=norm_eps, std=std, args=args)
 
 
 @register_depth_mix("none")

@@ -181,7 +181,9 @@ def make_mixer(router: Router, routing_impl: str = "buffer", *, block: int | Non
     """A fresh mixer for one forward pass: the paper's concatenation, or the router kind's own
     (``RouterKind.make_mixer``). ``block`` overrides the layer-block size of the buffer mixer
     (tests; None lets ``choose_block`` pick it); ``use_ops`` runs it as the compile path's custom
-    ops (None: exactly when torch.compile traces)."""
+    ops (None: exactly when torch.compile traces). A pruned router runs as its pruned view
+    (``Router.executed``: the kept sources and masked weights; the products never see a mask)."""
+    router = router.executed()
     if routing_impl == "concat":
         return ConcatMixer(router)
     return router.kind.make_mixer(router, block=block, use_ops=use_ops)

@@ -2,7 +2,10 @@
 
 Per layer: matrix Renyi entropy of the values actually attended and of the hidden states,
 a linear separability probe on near-synonym words (is/are/was/were by default), and from the
-router: the normalized source map (Figure 5) and the expected retrieved source layer (Figure 4).
+router: the normalized source map (Figure 5) and the expected retrieved source layer (Figure 4),
+for a token-dependent (dynamic) router of its mixing averaged over the evaluation tokens, with the
+spread over tokens as a second map, and the strongest routes with the tokens where they fire
+(Table 2; ``orchestrator.analysis.routes``).
 Metric keys: ``analysis/<value|hidden>_entropy/layer_<l>`` (and ``_std``),
 ``analysis/<value|hidden>_probe/layer_<l>``, ``analysis/expected_source/layer_<l>``.
 """
@@ -18,6 +21,7 @@ import torch
 
 from orchestrator.analysis.capture import capture
 from orchestrator.analysis.metrics import expected_source_layer, layer_entropies, probe_accuracy, router_source_map
+from orchestrator.analysis.routes import Route, mixing_maps, strongest_routes
 
 log = logging.getLogger("lime.analysis")
 DEFAULT_WORDS = ("is", "are", "was", "were")
@@ -33,6 +37,8 @@ class Analysis:
     source_map: np.ndarray
     expected_source: np.ndarray
     notes: list[str] = field(default_factory=list)
+    spread_map: np.ndarray | None = None  # token-dependent routers: the source map's std over tokens
+    routes: list[Route] = field(default_factory=list)  # the strongest routes (Table 2)
 
 
 def word_positions(ids: torch.Tensor, tokenizer, words) -> tuple[list[tuple[int, int]], list[str]]:
@@ -53,7 +59,7 @@ def word_positions(ids: torch.Tensor, tokenizer, words) -> tuple[list[tuple[int,
 
 @torch.no_grad()
 def analyze_model(model, data, *, sequences: int = 32, seq_len: int = 128, alpha: float = 0.5,
-                  words=DEFAULT_WORDS, seed: int = 0, chunk: int = 8) -> Analysis:
+                  words=DEFAULT_WORDS, seed: int = 0, chunk: int = 8, routes: int = 10) -> Analysis:
     device = next(model.parameters()).device
     seq_len = min(seq_len, model.cfg.max_seq_len)
     x = torch.cat([b[0] for b in data.val_batches(sequences, seq_len, 1)])[:sequences]  # (N, T)
@@ -98,10 +104,12 @@ def analyze_model(model, data, *, sequences: int = 32, seq_len: int = 128, alpha
         notes.append("probe: fewer than 2 words frequent enough; no probe (use more --sequences or other --words)")
     for n in notes:
         log.warning(n)
-    router = model.router
-    dense = [None] + [router.dense(l).detach().float().cpu().numpy() for l in range(1, model.cfg.n_layers)]
+    batches = [x[i:i + chunk] for i in range(0, len(x), chunk)]
+    maps = mixing_maps(model, batches)  # dense(l), or a dynamic router's mean over these tokens
+    dense = [None] + maps.dense[1:]
     smap = router_source_map(dense, model.cfg.kv_heads)
     exp = expected_source_layer(dense, model.cfg.kv_heads)
     for l, e in enumerate(exp):
         metrics[f"analysis/expected_source/layer_{l}"] = float(e)
-    return Analysis(metrics, ve, he, vp, hp, smap, exp, notes)
+    top = strongest_routes(model, batches, data.tokenizer, top=routes)
+    return Analysis(metrics, ve, he, vp, hp, smap, exp, notes, maps.spread, top)

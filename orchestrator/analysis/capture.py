@@ -5,7 +5,9 @@ stream after each layer (as one (B, T, C) state, ``DepthMix.hidden``: the sum of
 Hyper-Connections), and the mixer the decoder builds once per forward (its depth mix's
 ``wrap_mixer``) is wrapped for the duration so each layer's *routed* values (what attention
 actually reads: the plain values for ``none``, after the value residual where there is one) are
-recorded too. Outside the context the model is exactly as before.
+recorded too, with each layer's pre-RoPE query (B, T, H, Hd) and raw keys (B, T, R, Hd), which
+token-dependent routers read
+(``orchestrator.analysis.routes``). Outside the context the model is exactly as before.
 """
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ import lime_arch.model as lime_model
 @contextmanager
 def capture(model: lime_model.LIMeDecoder):
     L = model.cfg.n_layers
-    store: dict[str, list[torch.Tensor | None]] = {"hidden": [None] * L, "values": [None] * L}
+    store: dict[str, list[torch.Tensor | None]] = {"hidden": [None] * L, "values": [None] * L,
+                                                   "queries": [None] * L, "keys": [None] * L}
     hooks = []
     for l, blk in enumerate(model.blocks):
         def hook(_m, _inp, out, l=l):
@@ -36,6 +39,8 @@ def capture(model: lime_model.LIMeDecoder):
             kr, vr = route(l, k, v, q=q)
             B, R, T, Hd = vr.shape
             store["values"][l] = vr.detach().transpose(1, 2).reshape(B, T, R * Hd)  # (B, T, R*Hd)
+            store["queries"][l] = None if q is None else q.detach()  # (B, T, H, Hd)
+            store["keys"][l] = k.detach()  # (B, T, R, Hd), raw: what depth attention scores
             return kr, vr
 
         mixer.route = route_and_record

@@ -83,8 +83,10 @@ def plot_probe(
     return _mean_std_lines(by_variant, path, title, "probe accuracy", (0.0, 1.02))
 
 
-def plot_router_map(source_map: Any, path: str | Path, title: str = "Router source map") -> Path:
-    """Heatmap of M[layer, source layer]: layer on y (layer 0 on top), source layer on x."""
+def plot_router_map(source_map: Any, path: str | Path, title: str = "Router source map",
+                    label: str = "normalized mean |weight|", vmax: float | None = 1.0) -> Path:
+    """Heatmap of M[layer, source layer]: layer on y (layer 0 on top), source layer on x; ``vmax``
+    None: the map's own maximum (a spread map)."""
     m = np.asarray(source_map, dtype=np.float64)
     if m.ndim != 2:
         raise ValueError(f"expected a 2-D (L, L) map, got shape {m.shape}")
@@ -93,10 +95,11 @@ def plot_router_map(source_map: Any, path: str | Path, title: str = "Router sour
         ax = fig.add_subplot()
         # Masked so NaN rows (all-zero routers) show as blank instead of a colormap extreme.
         image = ax.imshow(
-            np.ma.masked_invalid(m), cmap="viridis", vmin=0.0, vmax=1.0,
+            np.ma.masked_invalid(m), cmap="viridis", vmin=0.0,
+            vmax=vmax if vmax is not None else max(float(np.nanmax(m)) if np.isfinite(m).any() else 1.0, 1e-12),
             origin="upper", aspect="auto", interpolation="nearest",
         )
-        fig.colorbar(image, ax=ax, label="normalized mean |weight|")
+        fig.colorbar(image, ax=ax, label=label)
         ax.set_xlabel("source layer")
         ax.set_ylabel("layer")
         ax.set_title(title)
@@ -107,8 +110,9 @@ def plot_router_map(source_map: Any, path: str | Path, title: str = "Router sour
         if max(n_rows, n_cols) <= 12:  # numbers stay legible only on small maps
             for (row, col), value in np.ndenumerate(m):
                 if np.isfinite(value) and col <= row:
+                    top = vmax if vmax is not None else max(float(np.nanmax(m)), 1e-12)
                     ax.text(col, row, f"{value:.2f}", ha="center", va="center",
-                            fontsize=7, color="white" if value < 0.6 else "black")
+                            fontsize=7, color="white" if value < 0.6 * top else "black")
         fig.tight_layout()
         return _save(fig, path)
 

@@ -8,7 +8,7 @@ from pathlib import Path
 CSV_FIELDS = ["router", "impl", "depth_mix", "compile", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio",
               "ratio_lo", "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict",
               "peak_mb", "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops", "body_gflops",
-              "routing_mb", "bw_gbs", "bw_floor_pct", "reps"]
+              "routing_mb", "bw_gbs", "bw_floor_pct", "kept_mb", "transient_mb", "static_twin", "reps"]
 DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "ratio_lo", "ratio_hi", "reps",
                  "kv_bytes"]
 
@@ -116,6 +116,35 @@ def _bound_notes(rows: list[dict]) -> list[str]:
     return L
 
 
+def _twin_table(rows: list[dict]) -> list[str]:
+    """Token-dependent routers (dynamic) against the static router reading the same sources."""
+    pairs = []
+    for r in rows:
+        twin = next((t for t in rows if r.get("static_twin") and t["label"] == r["static_twin"]
+                     and t["shape"] == r["shape"] and t["compile"] == r["compile"]), None)
+        if twin is not None:
+            pairs.append((r, twin))
+    if not pairs:
+        return []
+    L = ["", "## Token-dependent routers against the static router of the same sources", "",
+         "What the per-token weights cost (arXiv 2502.09245, Appendix E; its first version's Table 6 compares "
+         "static and dynamic LIMe): `step vs static` is the dynamic row's step-time ratio to `none` over the "
+         "static row's, `peak vs static` the same for the measured peak memory; `kept MB` and `transient MB` "
+         "are the analytic routing activations of a step (`lime_arch.accounting.routing_memory`: kept for "
+         "backward, and the most held at once on top in backward), dynamic / static. The dynamic routing "
+         "keeps no per-token weights for backward (each layer is recomputed there, one at a time), so its "
+         "extra memory is the grouped queries plus one layer's (B, T, R, n) weights.", "",
+         "| router | static | shape | compile | step vs static | peak vs static | FLOP % (dyn / static) | "
+         "kept MB | transient MB |", "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for r, t in pairs:
+        m, mt = r.get("mem_ratio"), t.get("mem_ratio")
+        mem = "-" if m is None or mt is None else f"{m / mt:.3f}"
+        L.append(f"| {r['router']} | {t['router']} | {r['shape']} | {r['compile']} | {r['ratio'] / t['ratio']:.3f} | "
+                 f"{mem} | {r['flop_overhead_pct']:.2f} / {t['flop_overhead_pct']:.2f} | "
+                 f"{r['kept_mb']:.1f} / {t['kept_mb']:.1f} | {r['transient_mb']:.1f} / {t['transient_mb']:.1f} |")
+    return L
+
+
 def _checks_table(chk: list[dict]) -> list[str]:
     L = ["## Checks against the targets", "", "| check | value | target | ok | note |", "|---|---:|---:|---|---|"]
     for c in chk:
@@ -147,6 +176,7 @@ def _markdown(rows, dec, chk, info) -> str:
     L += ["", _method(info), ""]
     L += _step_table(rows)
     L += _bound_notes(rows)
+    L += _twin_table(rows)
     L += [""] + _checks_table(chk)
     if dec:
         L += _decode_table(dec)

@@ -12,22 +12,25 @@ import lime_arch
 from lime_arch.errors import ConfigError
 
 PEER = "full/concat"  # label of the naive reference: full routing, the paper's concatenation
-# The paper's Table 17 peers (arXiv 2502.09245): rows labelled ``none+<depth mix>`` (a label is
-# ``router[/impl][+depth_mix]``), timed against none like every router, without a target.
-DEPTH_MIXES = ("denseformer", "hyper-connections")
+# The paper's Table 17 peers (arXiv 2502.09245) and the 2026 field (issue 27: the LIMe authors'
+# HC, mHC, Attention Residuals full and block, MUDDFormer): rows labelled ``none+<depth mix>`` (a
+# label is ``router[/impl][+depth_mix]``), timed against none like every router, without a target.
+DEPTH_MIXES = ("denseformer", "hyper-connections", "hyper-connections-corl", "mhc", "attn-res", "attn-res-block",
+               "mudd")
 # Vocabulary 2,048, not GPT-2's 50,257: at width 256 a 50k head would be 43% of the 16-layer
 # model's FLOPs and 44% of its parameters (AdamW time), hiding the routing behind the LM head;
 # with 2,048 the head is ~3% (the paper's 1B models' is ~9%).
 VOCAB, BATCH, SEQ = 2048, 2, 64
 QUICK_BATCH, QUICK_SEQ = 1, 16
-DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4"), (1, 8)
+# decode: the baseline, full, the paper's serving router (first-4) and the token-dependent dynamic
+DECODE_ROUTERS, DECODE_BATCHES = ("none", "full", "first-4", "dynamic"), (1, 8)
 # torch.compile modes of ``--compile``: "none" runs eager only; a mode adds compiled rows beside the
 # eager ones, each paired against ``none`` compiled the same way (the paper's Table 17 was measured
 # compiled with Inductor)
 COMPILE_MODES = ("none", "default", "reduce-overhead")
 # The shapes compiled by default: the paper's Table 17 models have 16 layers (1B, MHA and GQA). A
 # whole-model Inductor build grows with depth: cold, one variant of L64-MHA took 220 s on the 2-core
-# dev CPU (L16: 48 s), so compiled rows at L64 and L128 (11 variants each, and again in the memory
+# dev CPU (L16: 48 s), so compiled rows at L64 and L128 (16 variants each, and again in the memory
 # subprocesses) would add well over an hour; ``--compile-shapes all`` asks for them.
 COMPILE_SHAPES = ("L16-MHA", "L16-GQA")
 

@@ -7,14 +7,14 @@ peak memory of one step (``memory.py``: a fresh subprocess per case on CPU), the
 FLOPs per token and routing overhead (``lime_arch.accounting``) and the bytes the routing moves
 per step at the measured bandwidth; the same for the naive peer (full routing with
 ``routing_impl="concat"``, the paper's concatenation); the same for the paper's peer
-architectures (``none+denseformer``, ``none+hyper-connections``: depth mixes over the none router,
-the analogue of its Table 17, without a target); and the decode speed of none, full and
-first-4. ``targets.py`` gives the verdicts, ``outputs.py`` writes the files. With a compile mode
-(``compile``: ``default``, ``reduce-overhead``) every shape is timed a second time with every
-variant's forward compiled (Inductor), ``none`` included, and those rows (``compile`` column) sit
-beside the eager ones: the setting of the paper's Table 17. The routing alone is the same kernels
-compiled or not (the routing runs as opaque ops under compile) and is measured once; decode stays
-eager.
+architectures and the 2026 field (``none+denseformer``, ``none+hyper-connections``, ``none+mhc``,
+...: depth mixes over the none router, the analogue of its Table 17, without a target); and the
+decode speed of none, full and first-4. ``targets.py`` gives the verdicts, ``outputs.py`` writes
+the files. With a compile mode (``compile``: ``default``, ``reduce-overhead``) every shape is timed
+a second time with every variant's forward compiled (Inductor), ``none`` included, and those rows
+(``compile`` column) sit beside the eager ones: the setting of the paper's Table 17. The routing
+alone is the same kernels compiled or not (the routing runs as opaque ops under compile) and is
+measured once; decode stays eager.
 
 CPU runs fp32 with one thread by default (OpenMP barriers under oversubscription make
 multi-threaded timings meaningless on a shared 2-core box); CUDA runs bf16 autocast with
@@ -32,7 +32,8 @@ from pathlib import Path
 
 import torch
 
-from lime_arch.accounting import flop_overhead, flops_per_token
+from lime_arch.accounting import flop_overhead, flops_per_token, routing_memory
+from lime_arch.routers import build_router
 from orchestrator.bench import peak_memory as mem
 from orchestrator.bench.alone import time_alone
 from orchestrator.bench.outputs import write_outputs
@@ -113,6 +114,29 @@ def _mode(row: dict) -> str | None:
     return None if row["compile"] == "eager" else row["compile"]
 
 
+def _meta_router(spec: str, sh: Shape, head_dim: int):
+    with torch.device("meta"):
+        return build_router(spec, n_layers=sh.n_layers, n_kv_heads=sh.n_kv_heads, head_dim=head_dim, init="identity")
+
+
+def static_twins(labels: Sequence[str], sh: Shape, head_dim: int) -> dict[str, str]:
+    """Each token-dependent router's label -> the static learned router among ``labels`` that reads
+    the same sources at every layer (one its class derives from first, else the first registered:
+    dynamic -> full, dynamic-first-4 -> first-4): the rows its cost is compared with in ``bench.md``."""
+    plain = [lab for lab in labels if split_label(lab)[1:] == ("buffer", "none")]
+    routers = {lab: _meta_router(split_label(lab)[0], sh, head_dim) for lab in plain}
+    srcs = {lab: [r.sources(l) for l in range(sh.n_layers)] for lab, r in routers.items()}
+    out = {}
+    for lab, r in routers.items():
+        if r.kind.token_dependent:
+            same = [o for o, ro in routers.items() if not ro.kind.token_dependent and ro.kind.learned
+                    and srcs[o] == srcs[lab]]
+            twin = next((o for o in same if isinstance(r, type(routers[o]))), same[0] if same else None)
+            if twin is not None:
+                out[lab] = twin
+    return out
+
+
 def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float, mode: str | None = None) -> dict:
     """One row of ``bench.csv`` (plus the config, dropped before returning)."""
     base_ms = timed["none"]["step_ms"]
@@ -123,6 +147,7 @@ def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float, mode:
     floor_ms = None if traffic is None else 1e3 * traffic / (s.bw * 1e9)
     tokens = s.batch * s.seq
     router, impl, depth_mix = split_label(lab)
+    rmem = routing_memory(cfg, s.batch, s.seq, 2 if s.amp else 4)
     return {"router": router, "impl": impl, "depth_mix": depth_mix, "compile": mode or "eager",
             "label": lab, "shape": sh.name, "n_layers": sh.n_layers, "kv_heads": sh.n_kv_heads,
             **timed[lab], "overhead_pct": 100 * (timed[lab]["ratio"] - 1),
@@ -131,7 +156,8 @@ def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float, mode:
             "routing_gflops": 3 * fl["routing"] * tokens / alone_s / 1e9 if alone_s else None,
             "body_gflops": 3 * fl["base"] * tokens / (base_ms / 1e3) / 1e9,
             "routing_mb": None if traffic is None else traffic / 2**20, "bw_gbs": s.bw,
-            "bw_floor_pct": None if floor_ms is None else 100 * floor_ms / base_ms, "cfg": cfg}
+            "bw_floor_pct": None if floor_ms is None else 100 * floor_ms / base_ms,
+            "kept_mb": rmem["kept"] / 2**20, "transient_mb": rmem["transient"] / 2**20, "cfg": cfg}
 
 
 def _shape_rows(s: _Setup, sh: Shape, labels: list[str], memory_on: bool) -> list[dict]:
@@ -146,7 +172,12 @@ def _shape_rows(s: _Setup, sh: Shape, labels: list[str], memory_on: bool) -> lis
     cfgs = {lab: bench_cfg(sh, lab, s.dev, s.seq) for lab in labels}
     reps = 1 if s.quick else max(3, 160 // sh.n_layers)
     alone = time_alone(cfgs, s.batch, s.seq, s.dev, reps, clock(s.dev, s.threads)[0])
-    return [_row(s, sh, lab, cfg, timed[mode], alone[lab], mode) for mode in modes for lab, cfg in cfgs.items()]
+    rows = [_row(s, sh, lab, cfg, timed[mode], alone[lab], mode) for mode in modes for lab, cfg in cfgs.items()]
+    twins = static_twins(labels, sh, cfgs["none"].head_dim)
+    for r in rows:
+        if r["label"] in twins:
+            r["static_twin"] = twins[r["label"]]
+    return rows
 
 
 def _add_memory(s: _Setup, rows: list[dict], sub) -> None:

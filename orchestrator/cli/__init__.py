@@ -1,4 +1,4 @@
-"""The ``lime`` command line: train, sweep, report, plan, bench, analyze.
+"""The ``lime`` command line: train, sweep, report, plan, bench, eval, export, analyze, prune.
 
 Argument definitions live here (cheap to import); each command's work is imported lazily from
 its module, so ``lime --help`` does not load Ray or MLflow. A ``ConfigError`` anywhere becomes
@@ -41,6 +41,27 @@ def plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--alpha", type=float, help="significance level (default: the file's report.alpha, else 0.05)")
 
 
+def eval_arguments(p: argparse.ArgumentParser) -> None:
+    """``lime eval``'s arguments (here, so that ``lime --help`` loads neither torch nor the harness)."""
+    p.add_argument("target", help="MLflow run id, or checkpoint file or folder")
+    p.add_argument("--tasks", required=True,
+                   help="comma-separated harness tasks and suites (paper-table-1, paper-glue, paper-qa, paper-360m, "
+                        "lime-local), e.g. arc_easy,lime_kv")
+    p.add_argument("--num-fewshot", type=int, help="shots for every task (default: the suite's, else the task's)")
+    p.add_argument("--limit", help="at most N examples per task, or a fraction in (0, 1)")
+    p.add_argument("--batch-size", type=int, default=16, help="sequences per forward pass (default 16)")
+    p.add_argument("--include", action="append", metavar="DIR",
+                   help="a folder of harness task YAML files (local task definitions); repeatable")
+    p.add_argument("--no-gold-loss", action="store_true",
+                   help="skip the gold answer's bits per byte and loss of multiple-choice tasks (<task>_bpb)")
+    p.add_argument("--max-length", type=int, help="context in tokens (default: the model's max_seq_len)")
+    p.add_argument("--max-gen-toks", type=int, default=256, help="generation budget of tasks that set none")
+    p.add_argument("--device", default="auto", help="auto, cpu or cuda")
+    p.add_argument("--run-id", help="MLflow run to log to (default: the checkpoint's)")
+    p.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    p.add_argument("--out", help="folder for the harness's results.json (default $LIME_RESULTS/eval/<run>)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lime", description="LIMe architecture ablations and sweeps")
     sub = p.add_subparsers(dest="command", required=True)
@@ -67,6 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     sr.add_argument("--dry-run", action="store_true", help="print the trials and compute; start nothing")
     sr.add_argument("--add-seeds", metavar="N", help="grow the sweep by N seeds after its largest one: only the new "
                     "trials run, under the same MLflow parent run (the file is not rewritten)")
+    sr.add_argument("--until-decided", action="store_true",
+                    help="add seeds in waves until every comparison with the baseline is decided (anytime-valid "
+                    "confidence sequences; the same as a decide: block in the file)")
+    sr.add_argument("--max-seeds", metavar="N", help="with --until-decided: seeds per arm at most (default: the "
+                    "file's decide.max_seeds, else 32)")
+    sr.add_argument("--margin", metavar="M", help="with --until-decided: the equivalence margin, absolute (0.01) or "
+                    "a percentage of the baseline's mean (1%%); default: the file's decide.margin or report.margin")
     sr.add_argument("--connect-timeout", type=float, metavar="SECONDS",
                     help="give up connecting to --address after this long (default: $LIME_CONNECT_TIMEOUT, else 30)")
     sr.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_run"))
@@ -75,12 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     ss.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_status"))
 
     r = sub.add_parser("report", help="statistics, tables and plots of a finished sweep")
-    r.add_argument("sweep", help="sweep name (or a sweep file path)")
+    r.add_argument("sweep", nargs="?", help="sweep name (or a sweep file path)")
     r.add_argument("--out", default=os.environ.get("LIME_RESULTS") or "results",
                    help="reports go to OUT/<sweep>/ (default: $LIME_RESULTS, else results)")
     r.add_argument("--metric", help="metric to compare (default: the sweep file's, else final/val_loss)")
     r.add_argument("--axis", help="axis to compare (default: the sweep file's, else router)")
     r.add_argument("--baseline", help="baseline value of the axis (default: the sweep file's, else none)")
+    r.add_argument("--pool", metavar="A,B,...", help="pool the pre-registered comparisons of these sweeps (the same "
+                   "axis, baseline and metric) into one report with one correction; written to OUT/pool-A-B")
     r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))
 
     pl = sub.add_parser("plan", help="what a sweep design can show, and the seeds per arm it needs")
@@ -91,14 +121,38 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(b)  # torch-free: the benchmark itself loads when the command runs
     b.set_defaults(func=bench.cmd_bench)
 
+    e = sub.add_parser("eval", help="downstream tasks (LM Evaluation Harness) of a trained run or checkpoint")
+    eval_arguments(e)
+    e.set_defaults(func=_lazy("orchestrator.cli.eval:cmd_eval"))
+
+    x = sub.add_parser("export", help="a trained run or checkpoint as a Hugging Face transformers folder")
+    x.add_argument("target", help="MLflow run id, or checkpoint file or folder")
+    x.add_argument("--to", required=True, metavar="DIR", help="the folder to write (must be empty or new)")
+    x.set_defaults(func=_lazy("orchestrator.cli.export:cmd_export"))
+
     a = sub.add_parser("analyze", help="entropy, separability probe and router maps of checkpoints")
     a.add_argument("checkpoints", nargs="+", help="checkpoint files or folders (label=path to name them)")
     a.add_argument("--out", default="results/analysis")
     a.add_argument("--alpha", type=float, default=0.5, help="Renyi entropy order")
     a.add_argument("--sequences", type=int, default=16, help="evaluation sequences")
     a.add_argument("--words", default="is,are,was,were", help="near-synonym words for the probe")
+    a.add_argument("--routes", type=int, default=10,
+                   help="strongest routes to list per checkpoint, with the tokens where a dynamic router's fire "
+                        "(default 10)")
     a.add_argument("--run-id", help="MLflow run to log the metrics to (default: the checkpoint's)")
     a.set_defaults(func=_lazy("orchestrator.cli.analyze:cmd_analyze"))
+
+    pr = sub.add_parser("prune", help="post-hoc top-p pruning of trained routers: loss before/after, pruned counts")
+    pr.add_argument("targets", nargs="+", help="MLflow run ids or checkpoint files or folders (several: the seeds "
+                                               "of one variant, with a paired interval of the loss change)")
+    pr.add_argument("--top-p", type=float, required=True, help="the |weight| share kept per routed head, e.g. 0.9")
+    pr.add_argument("--no-renormalize", action="store_true", help="do not rescale the kept weights of a row")
+    pr.add_argument("--save", metavar="DIR", help="write the pruned model(s) as checkpoints (several: DIR/<label>)")
+    pr.add_argument("--out", help="the markdown summary (default $LIME_RESULTS/prune/top_p_<p>.md)")
+    pr.add_argument("--margin", type=float, help="equivalence margin of the loss change, in nats")
+    pr.add_argument("--run-id", help="MLflow run to log to (one target; default: the target's)")
+    pr.add_argument("--no-log", action="store_true", help="do not log to MLflow")
+    pr.set_defaults(func=_lazy("orchestrator.cli.prune:cmd_prune"))
     return p
 
 

@@ -1,4 +1,7 @@
-"""``lime analyze``: representation analysis of one or more checkpoints, side by side."""
+"""``lime analyze``: representation analysis of one or more checkpoints, side by side: entropies,
+probes, router maps (a dynamic router's: averaged over the evaluation tokens, and their spread over
+tokens), the strongest routes with the tokens where they fire and the logit lens of a dynamic
+router's keys (``orchestrator.analysis.routes``)."""
 from __future__ import annotations
 
 import time
@@ -9,6 +12,7 @@ import numpy as np
 from lime_arch import ConfigError, build_model
 from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.plots import plot_entropy, plot_expected_source, plot_probe, plot_router_map
+from orchestrator.analysis.routes import routes_markdown
 from orchestrator.core.tracking import client
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.trial import CKPT_NAME, load_checkpoint
@@ -38,24 +42,34 @@ def write_outputs(results: dict, out: Path) -> list[Path]:
                           "Value-space Renyi entropy by layer"),
              plot_entropy({k: r.hidden_entropy for k, r in results.items()}, out / "hidden_entropy.png",
                           "Hidden-state Renyi entropy by layer"),
-             plot_expected_source({k: r.expected_source for k, r in results.items()}, out / "expected_source.png")]
+             plot_expected_source({k: r.expected_source for k, r in results.items() if len(r.expected_source)},
+                                  out / "expected_source.png")]
     probes = {k: r.value_probe for k, r in results.items() if r.value_probe is not None}
     if probes:
         paths.append(plot_probe(probes, out / "value_probe.png", "Value probe accuracy (is/are/was/were)"))
         paths.append(plot_probe({k: r.hidden_probe for k, r in results.items() if r.hidden_probe is not None},
                                 out / "hidden_probe.png", "Hidden-state probe accuracy"))
     for k, r in results.items():
+        if r.source_map is None:  # a token-dependent router: no static source map
+            continue
         paths.append(plot_router_map(r.source_map, out / f"router_map_{_safe(k)}.png", f"{k}: router source map"))
+        if r.spread_map is not None:
+            paths.append(plot_router_map(r.spread_map, out / f"router_spread_{_safe(k)}.png",
+                                         f"{k}: std over tokens of the source map", label="std over tokens",
+                                         vmax=None))
     lines = ["# Representation analysis", "",
              "| variant | layer | value entropy | hidden entropy | value probe | hidden probe | expected source |",
              "|---|---|---|---|---|---|---|"]
     for k, r in results.items():
-        for l in range(len(r.expected_source)):
+        for l in range(len(r.value_entropy[0])):
             vp = f"{r.value_probe[0][l]:.3f}" if r.value_probe is not None else "-"
             hp = f"{r.hidden_probe[0][l]:.3f}" if r.hidden_probe is not None else "-"
             lines.append(f"| {k} | {l} | {r.value_entropy[0][l]:.4f} +- {r.value_entropy[1][l]:.4f} | "
                          f"{r.hidden_entropy[0][l]:.4f} +- {r.hidden_entropy[1][l]:.4f} | {vp} | {hp} | "
-                         f"{r.expected_source[l]:.2f} |")
+                         f"{r.expected_source[l]:.2f} |" if len(r.expected_source) else "- |")
+    lines += ["", "# Routes (the paper's Table 2)", ""]
+    for k, r in results.items():
+        lines += routes_markdown(k, r.routes)
     notes = sorted({n for r in results.values() for n in r.notes})
     if notes:
         lines += ["", "Notes:"] + [f"- {n}" for n in notes]
@@ -85,13 +99,15 @@ def cmd_analyze(args) -> int:
         raise ConfigError("--words: need at least two comma-separated words")
     if not args.alpha > 0:
         raise ConfigError(f"--alpha: must be > 0, got {args.alpha}")
+    if args.routes < 0:
+        raise ConfigError(f"--routes: must be >= 0, got {args.routes}")
     loaded = [_load(s) for s in args.checkpoints]  # every checkpoint checked before any compute
     results = {}
     for label, cfg, data, model, run_id in loaded:
         if label in results:
             raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
         r = analyze_model(model, data, sequences=args.sequences, seq_len=cfg.train.seq_len, alpha=args.alpha,
-                          words=words)
+                          words=words, routes=args.routes)
         results[label] = r
         target = args.run_id or run_id
         if target:

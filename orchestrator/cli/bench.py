@@ -14,6 +14,7 @@ from lime_arch.errors import ConfigError
 from orchestrator.bench.shapes import (
     COMPILE_MODES,
     COMPILE_SHAPES,
+    DEPTH_MIXES,
     QUICK_SHAPES,
     SHAPES,
     SHAPES_BY_NAME,
@@ -37,7 +38,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--routers", help="comma-separated router specs (default: every registered router, "
                     "those taking an integer as first-4, last-4, dilated-8, others <name>-4)")
     ap.add_argument("--depth-mixes", help="comma-separated depth mixes benchmarked over the none router, the "
-                    "paper's peer architectures (default: denseformer,hyper-connections; 'none' for none of them)")
+                    "paper's peer architectures and the field (default: " + ",".join(DEPTH_MIXES)
+                    + "; 'none' for none of them)")
     ap.add_argument("--compile", default="none", metavar="MODE",
                     help="add rows with the model's forward torch.compile'd in this mode beside the eager rows, "
                          "each paired against none compiled alike (the paper's Table 17 setting): "

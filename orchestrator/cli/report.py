@@ -4,7 +4,8 @@ SWEEP is a sweep name (the report takes what it compares from the sweep's parent
 a sweep file path: then the file, loaded and validated by the sweep layer, says what is compared
 and is shown in the report. A file that no longer validates (a data file moved, a key renamed)
 is still shown, and the report falls back to the parent run's settings, with a note.
-``--metric/--axis/--baseline`` override either. The file's optional report keys (``alpha``,
+``--metric/--axis/--baseline`` override either. ``--pool A,B,...`` pools the pre-registered comparisons
+of several sweeps into one family (``orchestrator.report.pool``). The file's optional report keys (``alpha``,
 ``mode``, ``paper``, ``tune``) are used when the sweep layer knows them. Reports go to
 ``--out``/<sweep>/, by default ``$LIME_RESULTS`` or ``results``.
 
@@ -12,18 +13,18 @@ Before anything is read or written: a sweep name is checked like a sweep file's 
 becomes a path), a sqlite store that does not exist is an error (never created), and a sweep
 whose artifacts an MLflow server serves (``mlflow-artifacts:``) needs that server as the tracking
 URI, not its database file (the report could not be logged to the parent run).
+Only the sweep file's validation is imported up front; the report builder (pandas, scipy,
+MLflow) loads after the file has been read (``importlib``), so a missing file is refused at once.
 """
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from lime_arch.errors import ConfigError
 from orchestrator.core import tracking
 from orchestrator.core.record import ReportSettings
-from orchestrator.report.build import build_report
-from orchestrator.report.settings import SweepFile
-from orchestrator.sweep.mlflow_runs import sweep_record
-from orchestrator.sweep.schema import check_name
+from orchestrator.sweep.blocks import check_name
 from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.view import experiment_dir, require_store
 
@@ -31,14 +32,24 @@ SERVED = "mlflow-artifacts:"  # an experiment whose artifacts only its MLflow se
 
 
 def cmd_report(args) -> int:
+    if getattr(args, "pool", None):
+        if args.sweep or args.metric or args.axis or args.baseline:
+            raise ConfigError("report --pool: name the sweeps in --pool only (each is compared as its own report "
+                              "compares it; no SWEEP, --metric, --axis or --baseline)")
+        pool = importlib.import_module("orchestrator.report.pool")
+        print(pool.build_pool([n.strip() for n in args.pool.split(",") if n.strip()], out=args.out))
+        return 0
+    if not args.sweep:
+        raise ConfigError("report: name a sweep (or a sweep file), or --pool A,B,...")
     name, settings, sweep_file = args.sweep, None, None
     if _is_file(args.sweep):
         name, settings, sweep_file = settings_from_file(Path(args.sweep))
     else:
         check_name(name, "report")
     check_store(name)
-    path = build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,
-                        settings=settings, sweep_file=sweep_file)
+    build = importlib.import_module("orchestrator.report.build")  # pandas, scipy, MLflow: the file is read
+    path = build.build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,
+                              settings=settings, sweep_file=sweep_file)
     print(path)
     return 0
 
@@ -62,20 +73,23 @@ def _is_file(arg: str) -> bool:
     return p.suffix in (".yaml", ".yml") or p.is_file()
 
 
-def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, SweepFile]:
-    """(sweep name, its report settings, the file to show). Settings are None when the file does
-    not validate: the report then takes them from the parent run, and notes why."""
+def settings_from_file(path: Path) -> tuple[str, ReportSettings | None, object]:
+    """(sweep name, its report settings, the file to show: a ``report.settings.SweepFile``).
+    Settings are None when the file does not validate: the report then takes them from the parent
+    run, and notes why."""
     if not path.is_file():
         raise ConfigError(f"report: sweep file {path} does not exist")
     text = path.read_text()
+    shown = importlib.import_module("orchestrator.report.settings")  # the file exists: the report layer loads
     try:
         spec = load_spec(path)
     except ConfigError as e:
         why = str(e).replace(str(path), path.name)  # no machine-specific paths in a report
-        return path.stem, None, SweepFile(text=text, source=path.name, notes=[
+        return path.stem, None, shown.SweepFile(text=text, source=path.name, notes=[
             f"the sweep file does not validate with this code ({why}); the report settings are the "
             "launched sweep's (MLflow)"])
-    settings = sweep_record(spec).report_settings()
-    return spec.name, settings, SweepFile(text=text, source=path.name)
+    mlflow_runs = importlib.import_module("orchestrator.sweep.mlflow_runs")
+    settings = mlflow_runs.sweep_record(spec).report_settings()
+    return spec.name, settings, shown.SweepFile(text=text, source=path.name)
 
 

@@ -6,23 +6,27 @@ another model than the flags make, is one line and exit 2 (``orchestrator.engine
 The model must be within ``$LIME_MAX_PARAMS`` (``orchestrator.sweep.limits``). Checkpoints go to
 ``train.checkpoint_dir``, else to ``<results>/train/<time>-<run name>/`` (``$LIME_RESULTS``, default
 ``results``; a resumed run keeps writing into its checkpoint's folder), never a temp folder.
+
+Only the config's validation is imported up front (the trial config, the data sources'
+declarations, the YAML reader: no torch, Ray or MLflow), so a bad config is refused in a fraction
+of a second; the data, the trainer and the tracking load once it has passed (``importlib``); a
+checkpoint to resume is read (torch) first.
 """
 from __future__ import annotations
 
 import copy
+import importlib
 import os
 import sys
 import time
 from pathlib import Path
 
-from lime_arch import ConfigError
+from lime_arch.errors import ConfigError
 from orchestrator.core import dashboard
-from orchestrator.core.fmt import num, slug
+from orchestrator.core.fmt import slug
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
-from orchestrator.engine.checkpoint import OR_FRESH, model_differences, read_checkpoint
-from orchestrator.engine.data import make_batches
-from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.sources import check_source
 from orchestrator.engine.trial_config import TrialConfig, parse_set, set_dotted
 from orchestrator.sweep import limits
 from orchestrator.sweep.files import FileError, read_yaml
@@ -99,26 +103,31 @@ def checkpoint_dir(cfg: TrialConfig, resume: str | None, name: str) -> str:
 
 
 def cmd_train(args) -> int:
-    ck = read_checkpoint(args.resume) if args.resume else None  # a checkpoint that is none: one line
+    checkpoint = importlib.import_module("orchestrator.engine.checkpoint") if args.resume else None  # torch
+    ck = checkpoint.read_checkpoint(args.resume) if checkpoint else None  # a checkpoint that is none: one line
     base = ck.get("config") if ck is not None and not args.config else None
     cfg = trial_from_args(args, base if isinstance(base, dict) else None)  # every check before any data is read
     limits.check_model(cfg.model_config(), "model")  # before anything is allocated
-    mcfg = cfg.model_config(vocab_size=make_batches(cfg.data).vocab_size)  # tokenizer/vocab mismatch, empty corpus
+    check_source(cfg.data)  # files exist, task parameters fit: still nothing heavy imported
+    data = importlib.import_module("orchestrator.engine.data")  # torch from here on
+    trial = importlib.import_module("orchestrator.engine.trial")
+    mcfg = cfg.model_config(vocab_size=data.make_batches(cfg.data).vocab_size)  # tokenizer/vocab mismatch, empty corpus
     start = 0
     if ck is not None:
-        diff = model_differences(ck, mcfg.to_dict())
+        diff = checkpoint.model_differences(ck, mcfg.to_dict())
         if diff:
             raise ConfigError(f"--resume {args.resume}: the checkpoint's model differs from this config "
-                              f"({'; '.join(diff)}); drop the flags that change the model, {OR_FRESH}")
+                              f"({'; '.join(diff)}); drop the flags that change the model, {checkpoint.OR_FRESH}")
         start = int(ck["step"])
     name = run_name(cfg, mcfg)
     cfg.train.checkpoint_dir = checkpoint_dir(cfg, args.resume, name)
     prog = _Progress(cfg.train.steps, start)
-    tracking = Tracking(experiment=args.experiment, run_name=name, enabled=not args.no_track)
+    tracking = trial.Tracking(experiment=args.experiment, run_name=name, enabled=not args.no_track)
     try:
-        res = run_trial(cfg, tracking=tracking, resume=args.resume, on_log=prog)
+        res = trial.run_trial(cfg, tracking=tracking, resume=args.resume, on_log=prog)
     finally:
         prog.close()
+    num = importlib.import_module("orchestrator.core.fmt").num  # numpy: not needed to refuse a config
     print(f"status: {res.status}  steps: {res.step}  final val loss: {num(res.final_val_loss, 4)}  "
           f"val ppl: {num(res.final_val_ppl, 4)}")
     print(f"checkpoint: {res.checkpoint}")

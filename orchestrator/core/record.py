@@ -53,8 +53,11 @@ AXES = "sweep.axes"
 FINGERPRINT = "sweep.fingerprint"
 SEARCH_METRIC = "sweep.search.metric"  # only a search sweep's parent has it
 SEED_EXTENSION = "sweep.seeds."  # + extension name ("extend-1"): the seeds it added
-REPORT_KEYS = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper")  # what a file may state
-REPORT_OPTIONAL = ("alpha", "mode", "paper", "tune")  # absent on parents of older sweeps
+REPORT_KEYS = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper", "margin")  # what a file may state
+REPORT_OPTIONAL = ("alpha", "mode", "paper", "tune", "margin")  # absent on parents of older sweeps
+DECIDE = "sweep.decide."  # the sequential design (``decide:`` / ``--until-decided``): max_seeds, wave
+DECIDE_MARGIN = DECIDE + "margin_abs"  # the absolute margin the waves use (a % margin fixed at the first wave)
+DECIDE_WAVE = DECIDE + "wave-"  # + k: the decisions after the k-th look (JSON, ``decide.waves.Wave.record``)
 
 # -- parent tags (numbers that later launches update) -----------------------------------------------------
 SWEEP_WALL, SLOTS, RAY_START, LAUNCHES = "sweep/wall_s", "sweep/slots", "sweep/ray_start_s", "sweep/launches"
@@ -105,7 +108,9 @@ class ReportSettings:
     mode: str | None = None
     paper: str | None = None
     tune: str | None = None
+    margin: str | None = None  # the equivalence margin's text (``orchestrator.decide.verdict.parse_margins``)
     search: tuple[str, ...] = ()  # a search sweep's searched keys, canonical (empty: a grid)
+    decide: DecideRecord | None = None  # the sweep ran with sequential seeds (the waves are DECIDE_WAVE params)
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> ReportSettings | None:
@@ -127,7 +132,31 @@ class ReportSettings:
             optional[key] = float(v) if key == "alpha" else str(v)
         return cls(metric=params[REPORT + "metric"], axis=params[REPORT + "axis"],
                    baseline=cast_param(params[REPORT + "baseline"]), axes=axes, stated=stated,
-                   search=axes if SEARCH_METRIC in params else (), **optional)
+                   search=axes if SEARCH_METRIC in params else (), decide=DecideRecord.from_params(params), **optional)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DecideRecord:
+    """The sequential design of a sweep (``decide:`` or ``--until-decided``) as its parent records it."""
+
+    max_seeds: int
+    wave: int
+
+    def to_params(self) -> dict[str, str]:
+        return {DECIDE + "max_seeds": str(self.max_seeds), DECIDE + "wave": str(self.wave)}
+
+    @classmethod
+    def from_params(cls, params: dict[str, str]) -> DecideRecord | None:
+        if DECIDE + "max_seeds" not in params:
+            return None
+        return cls(max_seeds=int(params[DECIDE + "max_seeds"]), wave=int(params[DECIDE + "wave"]))
+
+
+def decide_waves(params: dict[str, str]) -> dict[int, str]:
+    """The recorded waves of a sequential sweep: k -> the JSON of its decisions, in order."""
+    waves = {int(k[len(DECIDE_WAVE):]): v for k, v in params.items()
+             if k.startswith(DECIDE_WAVE) and k[len(DECIDE_WAVE):].isdigit()}
+    return dict(sorted(waves.items()))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -142,6 +171,7 @@ class ReportRecord:
     stated: tuple[str, ...] = ()  # REPORT_KEYS the file (or a file it extends) writes
     tune: str | None = None
     paper: str | None = None
+    margin: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,6 +197,7 @@ class SweepRecord:
     report: ReportRecord
     extends: str | None = None
     search: SearchRecord | None = None
+    decide: DecideRecord | None = None
 
     def to_params(self) -> dict[str, str]:
         r = self.report
@@ -176,7 +207,7 @@ class SweepRecord:
             "sweep.max_concurrent": self.max_concurrent, REPORT + "metric": r.metric, REPORT + "axis": r.axis,
             REPORT + "baseline": r.baseline, REPORT + "explicit": ",".join(r.stated), FINGERPRINT: self.fingerprint,
             REPORT + "alpha": r.alpha, REPORT + "mode": r.mode}
-        for key in ("tune", "paper"):  # only when the file sets them (a reader takes absence as unset)
+        for key in ("tune", "paper", "margin"):  # only when the file sets them (a reader takes absence as unset)
             if getattr(r, key) is not None:
                 out[REPORT + key] = getattr(r, key)
         if self.extends:
@@ -184,6 +215,8 @@ class SweepRecord:
         if self.search is not None:
             out.update({f"sweep.search.{f.name}": getattr(self.search, f.name)
                         for f in dataclasses.fields(SearchRecord)})
+        if self.decide is not None:
+            out.update(self.decide.to_params())
         return {k: str(v) for k, v in out.items()}
 
     @classmethod
@@ -198,11 +231,12 @@ class SweepRecord:
         report = ReportRecord(metric=params[REPORT + "metric"], axis=params[REPORT + "axis"],
                               baseline=c[REPORT + "baseline"], alpha=float(c[REPORT + "alpha"]),
                               mode=params[REPORT + "mode"], stated=_split(params.get(REPORT + "explicit")),
-                              tune=params.get(REPORT + "tune"), paper=params.get(REPORT + "paper"))
+                              tune=params.get(REPORT + "tune"), paper=params.get(REPORT + "paper"),
+                              margin=params.get(REPORT + "margin"))
         return cls(n_trials=c["sweep.n_trials"], axes=_split(params.get(AXES)), cpu=float(c["sweep.resources.cpu"]),
                    gpu=float(c["sweep.resources.gpu"]), max_failures=c["sweep.max_failures"],
                    max_concurrent=c["sweep.max_concurrent"], fingerprint=params[FINGERPRINT], report=report,
-                   extends=params.get("sweep.extends"), search=search)
+                   extends=params.get("sweep.extends"), search=search, decide=DecideRecord.from_params(params))
 
     def report_settings(self) -> ReportSettings:
         """The report's view of this record (axes canonical): what ``ReportSettings.from_params``
@@ -211,8 +245,8 @@ class SweepRecord:
         axes = axis_names(self.axes)
         return ReportSettings(metric=r.metric, axis=r.axis, baseline=r.baseline, axes=axes,
                               stated=frozenset(k for k in r.stated if k in ("metric", "axis", "baseline")),
-                              alpha=r.alpha, mode=r.mode, paper=r.paper, tune=r.tune,
-                              search=axes if self.search is not None else ())
+                              alpha=r.alpha, mode=r.mode, paper=r.paper, tune=r.tune, margin=r.margin,
+                              search=axes if self.search is not None else (), decide=self.decide)
 
 
 # -- the parent's tags ------------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ from lime_arch import flops_per_token, param_counts
 from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.metrics import router_source_map
 from orchestrator.analysis.plots import plot_router_map
+from orchestrator.analysis.routes import mixing_maps
 from orchestrator.core import record
 from orchestrator.core.keys import ALIASES
 from orchestrator.core.outbox import TrackingUnavailable, wait_bound
@@ -142,6 +143,8 @@ class MLflowHook(Hook):
         self.logger.flush()  # the run stays RUNNING: the trial continues on resume
 
     def on_end(self, t: Trainer, status: TrialStatus) -> None:
+        # where the final checkpoint is, so that a run id finds its model (lime eval, lime export)
+        self.logger.set_tags({"checkpoint_dir": str(t.ckpt_dir)})
         with tempfile.TemporaryDirectory() as d:
             for path in write_artifacts(t, Path(d)):
                 self.logger.log_artifact(path)
@@ -163,15 +166,22 @@ class MLflowHook(Hook):
             print(f"note: the run's end was not recorded: {e}", flush=True)
 
 
+MAP_BATCHES = 4  # validation batches a token-dependent router's mixing is averaged over
+
+
 def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:
     """Writes and yields, one by one: the resolved config (YAML), the final router weights (npz,
-    one dense (R, (l+1)R[, Hd]) array per layer) and, when the weights are finite, their heatmap:
-    the mean |w| by source layer (as in the LIMe paper's Figure 5)."""
+    one dense (R, (l+1)R[, Hd]) array per layer; a token-dependent router's per-token mixing
+    averaged over the first ``MAP_BATCHES`` validation batches, ``orchestrator.analysis.routes``)
+    and, when the weights are finite, their heatmap: the mean |w| by source layer (as in the LIMe
+    paper's Figure 5); for a token-dependent router also the spread of that map over the tokens
+    (``router_spread.npz``, its heatmap)."""
     mcfg = t.mcfg
     config = folder / "config.yaml"
     config.write_text(yaml.safe_dump({**t.cfg.to_dict(), "resolved_model": mcfg.to_dict()}, sort_keys=True))
     yield config
-    dense = [t.model.router.dense(l).detach().float().cpu().numpy() for l in range(mcfg.n_layers)]
+    maps = mixing_maps(t.model, [x for x, _ in t.val[:MAP_BATCHES]])
+    dense = maps.dense
     weights = folder / "router_weights.npz"
     np.savez(weights, **{f"layer_{l}": w for l, w in enumerate(dense)})
     yield weights
@@ -179,5 +189,14 @@ def write_artifacts(t: Trainer, folder: Path) -> Iterator[Path]:
         return  # a diverged trial's NaN/inf weights have no source map: no heatmap, not an error
     heatmap = folder / "router_heatmap.png"
     m = router_source_map([None] + dense[1:], mcfg.kv_heads)
-    plot_router_map(m, heatmap, title=f"{mcfg.router}: mean |w| by source layer")
+    over = f" (mean over {maps.tokens} validation tokens)" if maps.spread is not None else ""
+    plot_router_map(m, heatmap, title=f"{mcfg.router}: mean |w| by source layer{over}")
     yield heatmap
+    if maps.spread is not None:
+        spread = folder / "router_spread.npz"
+        np.savez(spread, spread=maps.spread, tokens=maps.tokens)
+        yield spread
+        spread_map = folder / "router_spread_heatmap.png"
+        plot_router_map(maps.spread, spread_map, title=f"{mcfg.router}: std over tokens of the source map",
+                        label="std over tokens", vmax=None)
+        yield spread_map

@@ -67,6 +67,10 @@ class Hook:
         """Built, and restored from a checkpoint if resuming; before the first step. A hook may
         wrap ``t.fwd`` here, or set ``t.run_id`` (stored in every later checkpoint)."""
 
+    def before_step(self, t: Trainer) -> None:
+        """Before the step's forward passes (``t.step``: the 0-based step about to run), e.g. a
+        change of the model that the step must see (``model.router_prune``'s mask refresh)."""
+
     def after_backward(self, t: Trainer, loss: float) -> float | None:
         """After the step's backward passes, before the finite-loss check, clipping and the
         optimizer step. May return the step's loss to use instead (a multi-worker hook returns
@@ -225,6 +229,7 @@ class Trainer:
         self.model.train()
         while self.step < tr.steps:
             t0 = time.perf_counter()
+            self._call("before_step")
             loss = self.forward_backward()
             for h in self.hooks:
                 got = h.after_backward(self, loss)

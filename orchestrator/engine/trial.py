@@ -15,6 +15,7 @@ from typing import Any
 from orchestrator.engine.checkpoint import CKPT_NAME, load_checkpoint, save_checkpoint
 from orchestrator.engine.hooks import AnalysisHook, CallbackHook, CostHook, MLflowHook
 from orchestrator.engine.memory import MemoryHook
+from orchestrator.engine.prune import RouterPruneHook
 from orchestrator.engine.schedule import lr_multiplier, peak_mem_mb, pick_device, seed_everything
 from orchestrator.engine.trainer import Hook, Trainer, TrialResult, evaluate_loss
 from orchestrator.engine.trial_config import TrialConfig
@@ -40,8 +41,9 @@ class Tracking:
 def trial_hooks(cfg: TrialConfig, tracking: Tracking, on_log: Callable | None = None) -> list[Hook]:
     """The standard hooks of a trial, in the order they run: MLflow first, so a metric dict is
     stored before ``on_log`` reports it (and may raise); the memory metrics come with every log point,
-    the cost summary (``CostHook``) with the final metrics."""
-    hooks: list[Hook] = [MemoryHook(), CostHook()]
+    the cost summary (``CostHook``) with the final metrics; ``RouterPruneHook`` runs
+    ``model.router_prune``'s schedule (nothing without it)."""
+    hooks: list[Hook] = [RouterPruneHook(), MemoryHook(), CostHook()]
     if tracking.enabled:
         hooks.append(MLflowHook(tracking.experiment, run_name=tracking.run_name,
                                 parent_run_id=tracking.parent_run_id, tags=tracking.tags, params=tracking.params))

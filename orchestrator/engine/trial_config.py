@@ -19,21 +19,19 @@ import yaml
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
-from lime_arch import ConfigError, ModelConfig, preset
-from lime_arch.config import PRESETS
-from lime_arch.specs import Registry
+from lime_arch.config import PRESETS, ModelConfig, preset
+from lime_arch.errors import ConfigError
 from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str, optional_number, validate
+from orchestrator.engine.sources import (  # noqa: F401 - the names of the data sources, declared there
+    CORPUS_SOURCES,
+    CORPUS_TOKENIZERS,
+    DATA_SOURCES,
+    SOURCES,
+)
 from orchestrator.engine.taskspec import build_task
 from orchestrator.tasks import TASKS
 
 SCHEDULES = ("cosine", "linear", "constant")
-CORPUS_SOURCES = ("builtin", "text", "hf")  # the corpora (orchestrator.engine.data.corpus)
-# Every data source by name: the one table. Configs are checked against it here without importing
-# the data modules; orchestrator.engine.data registers the function of each name in SOURCES (and
-# may register no other name), a synthetic task's from the task registry.
-SOURCES = Registry("source", key="data.source", declared=(*CORPUS_SOURCES, *TASKS))
-DATA_SOURCES = SOURCES.declared
-CORPUS_TOKENIZERS = ("byte", "bpe")
 DEVICES = ("auto", "cpu", "cuda")
 
 Positive = Annotated[Int, Field(ge=1)]
@@ -130,6 +128,9 @@ class TrialConfig:
         t, o, d = self.train, self.optim, self.data
         if t.seq_len > mc.max_seq_len:
             raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len={mc.max_seq_len}")
+        if mc.router_prune is not None and t.compile:
+            raise ConfigError("model.router_prune: not with train.compile (the compiled routing ops build their "
+                              "plan from the router's spec, which knows no mask); set train.compile: false")
         if o.min_lr > o.lr:
             raise ConfigError(f"optim.min_lr: {o.min_lr} is above optim.lr={o.lr}")
         if o.router_lr is not None and o.router_lr_mult is not None:

@@ -26,6 +26,12 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   view; ``orchestrator.report.scaling``, whose numbers also go to the parent run as
   ``scaling/...`` metrics);
 - representation-analysis metrics (``analysis/...``) when runs have them;
+- for trials trained with router pruning, Table 5's counts and the loss cost and step-time saving
+  of pruning against the unpruned twins (``orchestrator.report.routing``), and the retrieval curves
+  of Figure 9 and a token-dependent router's spread maps among the plots;
+- downstream tasks (``eval/...``) when runs have them: the Table 1 layout with paired verdicts
+  per task and for the average, and the paper's Table 1 directions (``orchestrator.report.evaluation``,
+  also ``evaluation.csv``);
 - the compute each variant used, the sweep's efficiency ratio and its trials' start-up
   (``orchestrator.report.efficiency``), the sweep file, git commits, library versions and seeds.
 
@@ -52,15 +58,15 @@ from typing import Any
 import pandas as pd
 
 from lime_arch.errors import ConfigError
-from orchestrator.core import tracking
+from orchestrator.core import record, tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.report import scaling, search
-from orchestrator.report.compare import across_seeds, by_seed, tuning, verdicts
+from orchestrator.report import evaluation, routing, scaling, search
+from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper.refs import reference_for
-from orchestrator.report.render import sections, tables
+from orchestrator.report.render import sections, sequential, tables
 from orchestrator.report.render.figures import make_plots, mean_router_map, router_map_from_npz
 from orchestrator.report.render.html import write_html
 from orchestrator.report.render.sections import ReportData
@@ -109,26 +115,38 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     sdf, tuned, notes = _tuned(df, choice, mode)
     comp, by_depth = _compare(sdf, choice, seed)
     blocks = _blocks(sdf, choice)
-    pa = by_seed.analyze(sdf, comp, blocks, mode)
-    depth_pairs = {d: (c, by_seed.analyze(_at_depth(sdf, d), c, blocks, mode)) for d, c in by_depth.items()}
+    pa = by_seed.analyze(sdf, comp, blocks, mode, choice.margin)
+    depth_pairs = {d: (c, by_seed.analyze(_at_depth(sdf, d), c, blocks, mode, choice.margin,
+                                          scope=f"n_layers={cell_text(d)}")) for d, c in by_depth.items()}
+    pa, depth_pairs, families = _families(pa, depth_pairs, choice, mode, seed)
     labels = _cells(df, comp, choice)
+    waves = record.decide_waves(found.parent.data.params) if found.parent is not None else {}
 
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
-    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv"]:
+    for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv",
+                out_dir / "pairs.csv", out_dir / "evaluation.csv"]:
         old.unlink(missing_ok=True)
-    rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned)
+    rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned, families.sequential)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
+    pairs = [p for a in [pa] + [x for _, x in depth_pairs.values()] for p in tables.pair_rows(a, choice.metric)]
+    if pairs:
+        pd.DataFrame(pairs).to_csv(out_dir / "pairs.csv", index=False, float_format="%.10g", lineterminator="\n")
     plots, plot_notes = make_plots(cl, df, data.histories, labels, choice.metric, choice.axis,
                                    [g.value for g in comp.groups], out_dir, data.name)
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
     scal = scaling.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
-                                out_dir, data.name, seed)
+                         out_dir, data.name, seed, margin=choice.margin)
+    # downstream tasks (eval/* metrics), when trials carry them: the Table 1 layout and its verdicts
+    evals = evaluation.section(sdf, choice.axis, comp.baseline, blocks, choice.alpha, seed, out_dir)
     if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
         plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,
                         choice.metric, choice.axis, mode, plots, plot_notes, library_versions(), ref, tuned, notes,
-                        scal.lines, search.section(df, choice.folded, choice.metric, mode) if choice.folded else [])
+                        scal.lines + evals + routing.section(df, labels, choice.metric, mode),
+                        search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
+                        families=families, margin=choice.margin, iso=scal.iso,
+                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [])
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
@@ -226,14 +244,25 @@ def _at_depth(df: pd.DataFrame, d: Any) -> pd.DataFrame:
     return df[df["n_layers"].map(lambda v: same_value(v, d))]
 
 
+def _families(pa: PairedAnalysis, by_depth: dict[Any, tuple[Comparison, PairedAnalysis]], choice: Choice,
+              mode: str, seed: int) -> tuple[PairedAnalysis, dict[Any, tuple[Comparison, PairedAnalysis]],
+                                             decisions.Families]:
+    """Every table's verdicts with the report's families: the comparisons with the baseline over the
+    pooled and every per-depth table, and all pairs of variants over the same tables."""
+    analyses, families = decisions.apply([pa] + [p for _, p in by_depth.values()], choice.alpha, mode,
+                                         choice.margin, sequential=choice.decide is not None,
+                                         seed=seed)
+    return analyses[0], {d: (c, p) for (d, (c, _)), p in zip(by_depth.items(), analyses[1:])}, families
+
+
 def _summary_rows(df: pd.DataFrame, comp: Comparison, pa: PairedAnalysis,
                   by_depth: dict[Any, tuple[Comparison, PairedAnalysis]],
-                  tuned: tuning.Tuning | None) -> list[dict[str, Any]]:
+                  tuned: tuning.Tuning | None, sequential: bool = False) -> list[dict[str, Any]]:
     rows = tables.group_rows(comp, df, "all")
-    tables.add_paired_columns(rows, pa)
+    tables.add_paired_columns(rows, pa, sequential=sequential)
     for d, (c, p) in by_depth.items():
         part = tables.group_rows(c, _at_depth(df, d), f"n_layers={cell_text(d)}")
-        tables.add_paired_columns(part, p)
+        tables.add_paired_columns(part, p, sequential=sequential)
         rows += part
     if tuned is not None:
         for row in rows:
@@ -258,3 +287,31 @@ def _tuned(df: pd.DataFrame, choice: Choice, mode: str) -> tuple[pd.DataFrame, t
         return df, None, [f"report.tune is the compared axis ({choice.tune}); no tuning applied"]
     sdf, tuned = tuning.select(df, choice.metric, choice.axis, choice.tune, mode, choice.baseline)
     return sdf, tuned, []
+
+
+@dataclasses.dataclass
+class SweepAnalyses:
+    """One sweep's paired tables before the families are applied (``orchestrator.report.pool``)."""
+
+    name: str
+    choice: Choice
+    mode: str
+    tables: list[PairedAnalysis]  # the pooled table, then one per depth
+
+
+def sweep_analyses(sweep: str, cl, seed: int = 0) -> SweepAnalyses:
+    """The paired tables of a sweep compared as its own report compares it (its parent run's settings)."""
+    found = find_runs(sweep, cl)
+    settings, _ = from_parent_run(cl, found.parent, sweep)
+    choice = choose(settings)
+    df = _runs_frame(collect_runs(found, choice.metric, cl), choice)
+    mode = verdicts.metric_mode(choice.metric, choice.mode)
+    if choice.folded:
+        choice = dataclasses.replace(choice, baseline=search.best(df, choice.metric, mode), explicit_baseline=True)
+    sdf, _, _ = _tuned(df, choice, mode)
+    comp, by_depth = _compare(sdf, choice, seed)
+    blocks = _blocks(sdf, choice)
+    tables = [by_seed.analyze(sdf, comp, blocks, mode, choice.margin)]
+    tables += [by_seed.analyze(_at_depth(sdf, d), c, blocks, mode, choice.margin, scope=f"n_layers={cell_text(d)}")
+               for d, c in by_depth.items()]
+    return SweepAnalyses(sweep, choice, mode, tables)

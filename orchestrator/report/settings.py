@@ -16,7 +16,8 @@ param; without it, the logged baseline is treated as not stated.
 Optional params (a sweep launched before they existed has none, and gets the defaults):
 ``sweep.report.alpha`` (the significance level of the verdicts, default 0.05),
 ``sweep.report.mode`` (``min``/``max``: which direction is better; default from the metric's
-name), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper.refs``;
+name), ``sweep.report.margin`` (the equivalence margin: without it no verdict says two variants
+match), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper.refs``;
 default from the sweep's name) and ``sweep.report.tune`` (an axis, usually ``lr``, along which
 each variant is compared at its own best value).
 
@@ -36,6 +37,7 @@ from orchestrator.core import record
 from orchestrator.core.keys import canonical, dotted
 from orchestrator.core.record import ReportSettings
 from orchestrator.core.tracking import quiet_downloads
+from orchestrator.decide.verdict import margin_for, parse_margins
 from orchestrator.report.search import CONFIG
 
 
@@ -54,6 +56,8 @@ class Choice:
     paper: str | None = None  # a paper reference name, or None (from the sweep's name)
     tune: str | None = None  # canonical axis tuned per variant, or None
     folded: tuple[str, ...] = ()  # searched keys that are part of the compared configuration
+    margin: Any = None  # the margin for this report's metric (``orchestrator.decide.verdict.Margin``) or None
+    decide: Any = None  # the sweep's sequential design (``record.DecideRecord``) or None: fixed seeds
 
 
 DEFAULTS = ReportSettings()
@@ -75,15 +79,18 @@ def choose(settings: ReportSettings, metric: str | None = None, axis: str | None
         explicit = settings.stated is not None and "baseline" in settings.stated
         origin = "default" if settings.stated is not None else "sweep's"
     grid_cols = [g for g in settings.axes if g not in ("seed", "train.seed")]
+    chosen_metric = str(metric or settings.metric)
+    margin = margin_for(parse_margins(settings.margin), chosen_metric, settings.metric)
     if settings.search and axis is None and not (settings.stated and "axis" in settings.stated):
-        return Choice(metric=str(metric or settings.metric), axis=CONFIG, baseline=None, explicit_baseline=False,
+        return Choice(metric=chosen_metric, axis=CONFIG, baseline=None, explicit_baseline=False,
                       baseline_origin="best", grid_cols=[], alpha=float(settings.alpha), mode=settings.mode,
-                      paper=settings.paper,
+                      paper=settings.paper, margin=margin,
                       folded=tuple(g for g in settings.search if g not in ("seed", "train.seed")))
-    return Choice(metric=str(metric or settings.metric), axis=chosen_axis, baseline=base,
+    return Choice(metric=chosen_metric, axis=chosen_axis, baseline=base,
                   explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols,
                   alpha=float(settings.alpha), mode=settings.mode, paper=settings.paper,
-                  tune=canonical(dotted(settings.tune)) if settings.tune else None)
+                  tune=canonical(dotted(settings.tune)) if settings.tune else None, margin=margin,
+                  decide=settings.decide)
 
 
 @dataclass

@@ -300,6 +300,30 @@ def check_tune(tune: Any, axis: str, axes: list[str], grid: dict[str, list] | No
                          "report.tune")
 
 
+def check_decide(spec: Any) -> None:
+    """``decide:``: sequential seeds need a grid whose only axes are the compared one and the seeds
+    (a wave adds seeds to the baseline and the undecided values of that axis), no tuning axis, and a
+    cap at least as large as the file's first wave."""
+    if spec.search is not None:
+        raise FieldError("a search sweep samples its trials; sequential seeds need a grid sweep", "decide")
+    seed = next((a for a in spec.grid if key_of(a) == SEED), None)
+    if seed is None:
+        raise FieldError("sequential seeds need a seed axis (grid.seed: the first wave's seeds)", "decide")
+    if spec.report.tune is not None:
+        raise FieldError("report.tune chooses each variant's value on the seeds it then compares; sequential "
+                         "seeds cannot be combined with it", "decide")
+    compared = key_of(spec.report.axis)
+    others = [a for a in spec.grid if key_of(a) not in (SEED, compared) and a != spec.report.axis]
+    if others:
+        raise FieldError(f"the grid's axes must be the compared one ({spec.report.axis}) and the seeds; also has "
+                         f"{', '.join(others)} (run one sweep per value, or compare without decide)", "decide")
+    if len(spec.grid[seed]) > spec.decide.max_seeds:
+        raise FieldError(f"{len(spec.grid[seed])} seeds in grid.{seed} (the first wave) exceed max_seeds "
+                         f"{spec.decide.max_seeds}", "decide.max_seeds")
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in spec.grid[seed]):
+        raise FieldError("the seeds must be integers (a wave adds the next ones)", f"grid.{seed}")
+
+
 def same(a: Any, b: Any) -> bool:
     if _is_num(a) and _is_num(b):
         return float(a) == float(b)

@@ -19,6 +19,8 @@
   the summary at the end is ``orchestrator.sweep.finish``.
 - Running the same sweep again resumes it (``Tuner.restore``): finished trials are not run again,
   unfinished ones continue from their checkpoints, errored ones are retried.
+- An ``eval:`` block: its tasks are checked before anything starts, and after the fit every
+  finished trial not yet evaluated under it is (``orchestrator.sweep.evaluate``), once.
 """
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ from orchestrator.core import dashboard, outbox, record
 from orchestrator.core.record import end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
-from orchestrator.sweep import connect, extend
+from orchestrator.sweep import connect, evaluate, extend
 from orchestrator.sweep.console import TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
 from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
@@ -81,8 +83,9 @@ def _quiet_ray() -> None:
 # -- the driver -----------------------------------------------------------------------------------------
 def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Path | None = None,
               num_cpus: int | None = None, status_every: float = 15.0, add_seeds: int = 0,
-              connect_timeout: float | None = None) -> dict:
-    """Run (or resume, or grow by ``add_seeds`` seeds) a validated sweep; returns a summary dict
+              connect_timeout: float | None = None, only: list | None = None) -> dict:
+    """Run (or resume, or grow by ``add_seeds`` seeds, for the values ``only`` of the compared axis
+    when given: a wave of ``orchestrator.sweep.decide``) a validated sweep; returns a summary dict
     (``ok``, counts, parent run, best).
 
     Nothing is recorded before Ray is up: a failed connection leaves MLflow and the sweep's state
@@ -93,7 +96,8 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
         connect.split_address(address)  # a ray:// or malformed address: one line, before any other output
     else:
         _check_local_resources(spec)
-    spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds)  # refuses changed trials
+    evaluate.preflight(spec)  # the eval: block's tasks and data, before anything is recorded
+    spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds, only)  # refuses changed trials
     if grown:
         print(grown, flush=True)
     timeout = connect.connect_timeout(connect_timeout)
@@ -143,6 +147,7 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
         with connect.output_to(log):
             grid = tuner.fit()
         elapsed = clock.stop()
+        evaluate.finished_trials(spec, cl, exp_id, parent, exp_dir, uri)  # the eval: block, if any
     except BaseException as e:  # nothing may stay RUNNING: the parent and any started trial
         if fitting:
             clock.stop()
@@ -208,8 +213,10 @@ class WallClock:
             self.write(time.monotonic() - self.t0)
 
     def stop(self) -> float:
-        """This launch's seconds, written (the beats end first)."""
-        elapsed = time.monotonic() - self.t0
+        """This launch's seconds, written (the beats end first); a second call changes nothing."""
+        if self.done.is_set():
+            return self.elapsed
+        elapsed = self.elapsed = time.monotonic() - self.t0
         self.done.set()
         if self.thread is not None:
             self.thread.join(30)

@@ -66,14 +66,24 @@ def _where(spec: SweepSpec) -> str:
     return spec.path or spec.name
 
 
-def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0) -> Plan:
+def _part_spec(spec: SweepSpec, ext: dict) -> SweepSpec:
+    """An extension's trials: its seeds, and only the axis values it names (a wave of sequential seeds)."""
+    part = spec.with_seeds(ext["seeds"])
+    return part.with_values(ext["axis"], ext["values"]) if ext.get("values") is not None else part
+
+
+def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: list | None = None) -> Plan:
     """The launch of ``spec`` against the saved state in ``exp_dir``; ConfigError when it cannot
-    continue that sweep (its trials changed, a seed that ran was removed, another MLflow store)."""
+    continue that sweep (its trials changed, a seed that ran was removed, another MLflow store).
+    ``only``: the values of the compared axis the added seeds run for (``orchestrator.sweep.decide``:
+    the baseline and the undecided variants); None: every value."""
     exp_dir = Path(exp_dir)
     state = read_state(exp_dir)
     if not state.get("fingerprint") and "base_fingerprint" not in state:
         state = {}  # nothing ran from it
     axis = spec.seed_axis() if spec.search is None else None
+    if only is not None and not add_seeds:
+        raise ConfigError("a wave names the values its seeds run for, but adds no seeds")
     if add_seeds and spec.search is not None:
         raise ConfigError(f"--add-seeds: {_where(spec)} is a search sweep; only a grid sweep's seed axis can grow "
                           "(Optuna samples a search's trials)")
@@ -104,12 +114,17 @@ def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0) -> Plan:
     in_effect = base_seeds + [s for e in exts for s in e["seeds"]]
     added = [s for s in file_seeds if s not in in_effect] + _after([*in_effect, *file_seeds], add_seeds)
     parts = [Part("", base_seeds, spec.with_seeds(base_seeds), exp_dir)]
-    parts += [Part(e["name"], list(e["seeds"]), spec.with_seeds(e["seeds"]), exp_dir / e["name"]) for e in exts]
+    parts += [Part(e["name"], list(e["seeds"]), _part_spec(spec, e), exp_dir / e["name"]) for e in exts]
     if added:
         name = f"{EXT_PREFIX}{len(exts) + 1}"
-        exts = [*exts, {"name": name, "seeds": added}]
-        parts.append(Part(name, added, spec.with_seeds(added), exp_dir / name))
+        ext = {"name": name, "seeds": added}
+        if only is not None:
+            ext.update(axis=_compared_axis(spec), values=list(only))
+        exts = [*exts, ext]
+        parts.append(Part(name, added, _part_spec(spec, ext), exp_dir / name))
     full = spec.with_seeds(in_effect + added)
+    if any(e.get("values") is not None for e in exts):  # waves: the union of the parts, not a cross product
+        full = full.restricted({i for p in parts for i in p.spec.trial_ids()})
     record = {"seeds": in_effect + added, "base_seeds": base_seeds, "base_fingerprint": base_fp, "extensions": exts}
     msgs = []
     if added:
@@ -122,6 +137,12 @@ def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0) -> Plan:
         msgs.append(f"seeds in effect: {_fmt(full.grid[axis])} ({_fmt(earlier)} added earlier and not in the file; "
                     f"{exp_dir / STATE_FILE} remembers them)")
     return Plan(full, state, parts, added, "; ".join(msgs) or None, record)
+
+
+def _compared_axis(spec: SweepSpec) -> str:
+    """The grid axis the report compares (its name as the grid writes it)."""
+    axis = spec.report.axis
+    return next((a for a in spec.grid if a == axis or spec.key(a) == spec.key(axis)), axis)
 
 
 def _after(seeds: list, n: int) -> list[int]:
@@ -161,11 +182,12 @@ def _changed(spec: SweepSpec, exp_dir: Path) -> ConfigError:
                        "sweep over")
 
 
-def prepare(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0) -> tuple[SweepSpec, dict, str | None]:
+def prepare(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0,
+            only: list | None = None) -> tuple[SweepSpec, dict, str | None]:
     """``plan`` for a real launch: records the seeds in effect in the state (before anything
     runs: a growth that has not started simply starts on the next launch). Returns the sweep in
     effect, the saved state as it was, and the line to print."""
-    p = plan(spec, exp_dir, uri, add_seeds)
+    p = plan(spec, exp_dir, uri, add_seeds, only)
     if p.record is not None and any(p.state.get(k) != v for k, v in p.record.items()):
         write_state(exp_dir, p.record)
     return p.spec, p.state, p.message

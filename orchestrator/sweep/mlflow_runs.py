@@ -125,11 +125,16 @@ def sweep_record(spec: SweepSpec) -> record.SweepRecord:
     r, rep, s = spec.resources, spec.report, spec.search
     search = None if s is None else record.SearchRecord(metric=s.metric, mode=s.mode, num_samples=s.num_samples,
                                                         seed=s.seed, repeat=s.repeat)
+    dec = spec.decide
+    margin = dec.margin if dec is not None and dec.margin is not None else rep.margin  # decide's wins
     report = record.ReportRecord(metric=rep.metric, axis=rep.axis, baseline=rep.baseline, alpha=rep.alpha,
-                                 mode=rep.mode, stated=spec.report_stated, tune=rep.tune, paper=rep.paper)
+                                 mode=rep.mode, stated=spec.report_stated, tune=rep.tune, paper=rep.paper,
+                                 margin=margin)
+    decide = None if dec is None else record.DecideRecord(max_seeds=dec.max_seeds, wave=dec.wave)
     return record.SweepRecord(n_trials=spec.n_trials(), axes=tuple(spec.axes()), cpu=r.cpu, gpu=r.gpu,
                               max_failures=spec.max_failures, max_concurrent=spec.max_concurrent,
-                              fingerprint=spec.fingerprint(), report=report, extends=spec.extends, search=search)
+                              fingerprint=spec.fingerprint(), report=report, extends=spec.extends, search=search,
+                              decide=decide)
 
 
 def _log_sweep(spec: SweepSpec, cl, rid: str) -> None:

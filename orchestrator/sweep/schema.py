@@ -1,4 +1,5 @@
-"""The sweep file as typed data: ``SweepSpec`` and its blocks, and how it expands into trials.
+"""The sweep file as typed data: ``SweepSpec`` (its blocks are in ``orchestrator.sweep.blocks``), and
+how it expands into trials.
 
 Each block is a pydantic dataclass that rejects unknown keys; the field types and bounds say
 what a file may hold (``orchestrator.core.validation`` turns a mismatch into one line naming the key
@@ -20,128 +21,41 @@ import math
 import os
 import re
 from dataclasses import field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.keys import VARIANT
-from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str
-from orchestrator.engine.data import check_source
+from orchestrator.core.validation import CONFIG, Int, Mapping, Str
+from orchestrator.engine.sources import check_source
 from orchestrator.engine.trial_config import TrainConfig, TrialConfig, set_dotted
+from orchestrator.evaluation.settings import EvalSettings
 from orchestrator.sweep import limits
+from orchestrator.sweep.blocks import (
+    AUTO,
+    RESERVED_NAMES,
+    AnalysisSpec,
+    DecideSpec,
+    Name,
+    ReportSpec,
+    Resources,
+    SearchSpec,
+    empty_is_default,
+)
 from orchestrator.sweep.checks import (
     SEED,
-    SearchParam,
+    check_decide,
     check_tune,
     format_value,
     key_of,
     metric_mode,
     parse_grid,
-    parse_space,
     report_defaults,
+    same,
     search_seeds,
 )
-
-NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
-METRIC_RE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\Z")
-Name = Annotated[Str, Field(pattern="^" + NAME_RE.pattern.replace(r"\Z", "$"),
-                            description="lowercase letters, digits and '-' ([a-z0-9][a-z0-9-]*)")]
-Metric = Annotated[Str, Field(pattern="^" + METRIC_RE.pattern.replace(r"\Z", "$"),
-                              description="a metric key such as final/val_loss or val/accuracy")]
-PaperRef = Annotated[Annotated[Str, Field(pattern="^[a-z0-9-]+$")] | None,
-                     Field(description="a short reference name of a paper table: lowercase letters, digits and '-' "
-                                       "(such as table-1)")]
-# Names a sweep may not have: its results go to results/<name>/ and its Ray experiment to
-# results/ray/<name>/, so a sweep named after another folder of results/ would write into it
-# (ray: Ray's experiments; bench, analysis: `lime bench` and `lime analyze`; dashboard: the dashboard
-# check; train: `lime train`'s default checkpoints), and its MLflow experiment is named after it
-# (lime-train, lime-bench: `lime train`'s and `lime bench`'s experiments).
-RESERVED_NAMES = {"ray": "results/ray holds every sweep's Ray experiment",
-                  "bench": "results/bench holds `lime bench`'s output",
-                  "analysis": "results/analysis holds `lime analyze`'s output",
-                  "dashboard": "results/dashboard holds the dashboard check's screenshots",
-                  "train": "results/train holds `lime train`'s checkpoints",
-                  "lime-train": "the MLflow experiment of `lime train`",
-                  "lime-bench": "the MLflow experiment of `lime bench`"}
-
-
-def check_name(name: str, where: str) -> str:
-    """A sweep name given on the command line, checked as a sweep file's ``name`` is before it
-    becomes part of a path (``results/<name>/``, ``results/ray/<name>/``)."""
-    if not NAME_RE.match(name):
-        raise ConfigError(f"{where}: {name!r} is not a sweep name (lowercase letters, digits and '-', starting "
-                          "with a letter or digit: [a-z0-9][a-z0-9-]*) nor a sweep file")
-    if name in RESERVED_NAMES:
-        raise ConfigError(f"{where}: {name!r} is reserved ({RESERVED_NAMES[name]}), not a sweep")
-    return name
-
-
-def _empty_is_default(v: Any) -> Any:
-    return {} if v is None else v  # `report:` with nothing under it: the defaults
-
-
-class _Auto:
-    """A report baseline the file does not give (``null`` is a value an axis may have)."""
-
-    def __repr__(self) -> str:
-        return "auto"
-
-
-AUTO = _Auto()
-
-
-@dataclass(kw_only=True, config=CONFIG)
-class AshaSpec:
-    grace_period: Annotated[Int, Field(ge=1, description="an integer >= 1 (training steps before a trial can be "
-                                                          "stopped)")]
-    reduction_factor: Annotated[Int, Field(ge=2)] = 3
-
-
-@dataclass(kw_only=True, config=CONFIG)
-class SearchSpec:
-    metric: Metric = "final/val_loss"
-    mode: Literal["min", "max"] = "min"
-    num_samples: Annotated[Int, Field(ge=1)] = 8  # sampled configurations; each runs ``repeat`` times (seeds)
-    seed: Annotated[Int, Field(ge=0)] = 0
-    repeat: Annotated[Int, Field(ge=1)] | None = None  # None: one per grid.seed value, else 1
-    space: Annotated[dict[str, SearchParam], BeforeValidator(parse_space)]
-    asha: AshaSpec | None = None
-    seeds: list[int] | None = field(default=None, init=False)  # explicit repeat seeds (from ``grid.seed``)
-
-
-@dataclass(kw_only=True, config=CONFIG)
-class Resources:
-    cpu: Annotated[Float, Field(gt=0, description="a number > 0 (fractions allowed)")] = 1.0
-    gpu: Annotated[Float, Field(ge=0, description="a number >= 0 (fractions allowed)")] = 0.0
-    # workers > 1: one trial = that many data-parallel workers (Ray Train), cpu and gpu per worker
-    workers: Annotated[Int, Field(ge=1, description="an integer >= 1 (data-parallel workers per trial)")] = 1
-    parallel: Literal["ddp", "fsdp"] = "ddp"  # how the workers share the model (orchestrator.engine.distributed)
-
-    @field_validator("gpu")
-    @classmethod
-    def _whole_above_one(cls, gpu: float) -> float:
-        if gpu > 1 and gpu != int(gpu):
-            raise ValueError(f"above 1 must be a whole number, got {gpu!r}")
-        return gpu
-
-
-@dataclass(kw_only=True, config=CONFIG)
-class ReportSpec:
-    metric: Metric = "final/val_loss"
-    # axis None: variant if it is an axis, else router if it is one, else the first non-seed axis
-    axis: Annotated[Str | None, Field(description="an axis name")] = None
-    baseline: Any = AUTO  # AUTO: variant's first bundle; none if it is a value of the axis; else its first value
-    alpha: Annotated[Float, Field(gt=0, le=0.5)] = 0.05  # the significance level of the report's tests
-    mode: Literal["min", "max"] | None = None  # None: search.mode for the searched metric, else from its name
-    tune: Annotated[Str | None, Field(description="an axis name of the grid (usually lr)")] = None
-    paper: PaperRef = None  # the paper table the sweep mirrors (the report's fidelity section)
-
-
-@dataclass(kw_only=True, config=CONFIG)
-class AnalysisSpec:
-    enabled: Bool = False
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -152,7 +66,7 @@ class Trial:
 
 
 def _block(cls: type, words: str):
-    return Annotated[cls, BeforeValidator(_empty_is_default), Field(description=words)]
+    return Annotated[cls, BeforeValidator(empty_is_default), Field(description=words)]
 
 
 @dataclass(kw_only=True, config=CONFIG)
@@ -161,7 +75,7 @@ class SweepSpec:
     description: Annotated[Str, Field(description="one line of text")]
     extends: Str | None = None  # the parent file's name; orchestrator.sweep.files applies it
     replace: list[Str] | None = None  # mappings that replace the parent's (applied with extends)
-    base: Annotated[Mapping, BeforeValidator(_empty_is_default),
+    base: Annotated[Mapping, BeforeValidator(empty_is_default),
                     Field(description="a mapping (preset, model, data, optim, train)")] = field(default_factory=dict)
     # file order; grid.variant is a mapping name -> overrides (iterating it gives the names)
     grid: Annotated[dict[str, list | dict], BeforeValidator(parse_grid)] = field(default_factory=dict)
@@ -173,19 +87,25 @@ class SweepSpec:
     report: _block(ReportSpec, "a mapping like {metric: final/val_loss, axis: router, baseline: none, alpha: 0.05}"
                    ) = field(default_factory=ReportSpec)
     analysis: _block(AnalysisSpec, "a mapping like {enabled: false}") = field(default_factory=AnalysisSpec)
+    decide: _block(DecideSpec, "a mapping like {max_seeds: 32, wave: 2, margin: 0.01}") | None = None
+    # downstream tasks of every finished trial's final checkpoint (orchestrator.sweep.evaluate);
+    # not part of the trials: adding it to a finished sweep evaluates, it trains nothing again
+    eval: Annotated[EvalSettings | None, Field(description="a mapping like {tasks: [paper-table-1], num_fewshot: 3}")
+                    ] = None
     path: str | None = field(default=None, init=False)  # the file it came from
     # the folder relative data paths are resolved against: the sweep file's, fixed at load time
     # (Ray runs the trials in other folders: resolving there again would find nothing)
     root: str | None = field(default=None, init=False)
     text: str = field(default="", init=False)  # the file's text (logged on the parent MLflow run)
     resolved: dict[str, Any] = field(default_factory=dict, init=False)  # the file with its extends applied
+    only: frozenset[str] | None = field(default=None, init=False)  # a subset of the grid's trial ids (waves)
     trial_cache: tuple[str, list] | None = field(default=None, init=False, repr=False, compare=False)  # trials()
 
     @property
     def report_stated(self) -> tuple[str, ...]:
         """The report settings the file (or a file it extends) writes; the others are defaults."""
         rep = self.resolved.get("report")
-        keys = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper")
+        keys = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper", "margin")
         return tuple(k for k in keys if isinstance(rep, dict) and k in rep)
 
     @field_validator("name")
@@ -213,6 +133,8 @@ class SweepSpec:
         r, grid = self.report, (None if self.search is not None else self.grid)
         r.axis, r.baseline = report_defaults(r.axis, r.baseline, self.axes(), grid, AUTO)
         check_tune(r.tune, r.axis, self.axes(), grid)
+        if self.decide is not None:
+            check_decide(self)
         if r.mode is None:
             searched = self.search is not None and self.search.metric == r.metric
             r.mode = self.search.mode if searched else metric_mode(r.metric)
@@ -262,6 +184,13 @@ class SweepSpec:
         check_source(cfg.data)  # files exist, task parameters fit: before Ray starts
         return cfg
 
+    def trial_ids(self) -> list[str]:
+        """The ids of ``trials()`` without building their configs."""
+        if self.search is not None:
+            return []
+        ids = [self.trial_id(dict(zip(self.grid, c))) for c in itertools.product(*self.grid.values())]
+        return [i for i in ids if self.only is None or i in self.only]
+
     def variant(self, name: Any) -> dict[str, Any]:
         """The overrides of a named variant (keys as written)."""
         variants = self.grid.get(VARIANT)
@@ -289,12 +218,15 @@ class SweepSpec:
         (``config_of``)."""
         if self.search is not None:
             return []
-        key = json.dumps(self.grid, sort_keys=True, default=str)
+        key = json.dumps([self.grid, sorted(self.only) if self.only is not None else None], sort_keys=True,
+                         default=str)
         if self.trial_cache is None or self.trial_cache[0] != key:
             axes = list(self.grid)
             out = []
             for combo in itertools.product(*(self.grid[a] for a in axes)):
                 params = dict(zip(axes, combo))
+                if self.only is not None and self.trial_id(params) not in self.only:
+                    continue
                 out.append(Trial(trial_id=self.trial_id(params), params=params, config=self.trial_config(params)))
             self.trial_cache = (key, out)
         return self.trial_cache[1]
@@ -314,6 +246,8 @@ class SweepSpec:
     def n_trials(self) -> int:
         if self.search is not None:
             return self.search.num_samples * self.search.repeat
+        if self.only is not None:
+            return len(self.trial_ids())
         return math.prod(len(v) for v in self.grid.values()) if self.grid else 1
 
     def axes(self) -> list[str]:
@@ -330,6 +264,25 @@ class SweepSpec:
             raise ConfigError("grid.seed: the sweep has no seed axis")
         new = copy.copy(self)
         new.grid = {a: (list(seeds) if a == axis else v) for a, v in self.grid.items()}
+        return new
+
+    def with_values(self, axis: str, values: list) -> SweepSpec:
+        """This grid sweep with only ``values`` of the grid axis ``axis`` (a wave of sequential seeds
+        runs the baseline and the undecided variants only; ids stay those of the full grid)."""
+        if axis not in self.grid:
+            raise ConfigError(f"grid.{axis}: not an axis of the sweep")
+        new = copy.copy(self)
+        old = self.grid[axis]
+        keep = [v for v in old if any(same(v, x) for x in values)]
+        new.grid = {a: ({k: old[k] for k in keep} if a == axis and isinstance(old, dict) else
+                        keep if a == axis else v) for a, v in self.grid.items()}
+        return new
+
+    def restricted(self, ids: set[str] | None) -> SweepSpec:
+        """This sweep with only the trials ``ids`` (the union of a sequential sweep's waves: no longer a
+        full cross product); None: every trial."""
+        new = copy.copy(self)
+        new.only = None if ids is None else frozenset(ids)
         return new
 
     def fingerprint(self) -> str:

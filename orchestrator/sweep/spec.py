@@ -21,24 +21,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from lime_arch import ConfigError, flops_per_token, param_counts
-from orchestrator.core.fmt import human  # noqa: F401 - the dry run's numbers
+import lime_arch  # the accounting (torch) loads when the dry run estimates, not when a file is checked
+from lime_arch.errors import ConfigError
 from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
 from orchestrator.core.validation import validate
 from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.sweep import limits
+from orchestrator.sweep.blocks import AnalysisSpec, AshaSpec, ReportSpec, Resources, SearchSpec  # noqa: F401
 from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
 from orchestrator.sweep.files import FileError, is_base, origin_of, read_yaml, resolve, sweep_files
-from orchestrator.sweep.schema import (  # noqa: F401
-    AnalysisSpec,
-    AshaSpec,
-    ReportSpec,
-    Resources,
-    SearchSpec,
-    SweepSpec,
-    Trial,
-    trial_dirname,
-)
+from orchestrator.sweep.schema import SweepSpec, Trial, trial_dirname  # noqa: F401
 from orchestrator.tasks import TASKS
 
 
@@ -195,8 +187,8 @@ def estimate(cfg: TrialConfig) -> dict[str, Any]:
     mcfg = cfg.model_config(vocab_size=vocab)
     t = cfg.train
     tokens = t.steps * t.batch_size * t.seq_len * t.grad_accum
-    fpt = flops_per_token(mcfg, t.seq_len)["total"]
-    counts = param_counts(mcfg)
+    fpt = lime_arch.flops_per_token(mcfg, t.seq_len)["total"]
+    counts = lime_arch.param_counts(mcfg)
     return {"tokens": tokens, "flops_per_token": fpt, "train_flops": 3 * fpt * tokens,
             "params": counts["total"], "router_params": counts["router"], "vocab": vocab, "vocab_source": vocab_src,
             "model": mcfg}

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from lime_arch import ConfigError
+from lime_arch.errors import ConfigError
 from lime_arch.size import TRAIN_STATE_BYTES, train_state_bytes
 from orchestrator.core import record
 from orchestrator.core.status import TrialStatus
@@ -90,7 +90,12 @@ def dry_run_text(spec: SweepSpec, address: str | None = None) -> str:
     rep = spec.report
     tuned = f", each at its best {rep.tune}" if rep.tune else ""
     lines.append(f"report: {rep.metric} ({rep.mode}) by {rep.axis}, baseline {rep.baseline}{tuned}, alpha {rep.alpha:g}"
-                 + (f", paper {rep.paper}" if rep.paper else ""))
+                 + (f", paper {rep.paper}" if rep.paper else "") + (f", margin {rep.margin}" if rep.margin else ""))
+    if spec.decide is not None:
+        d = spec.decide
+        lines.append(f"until decided: the grid's seeds are the first wave, then {d.wave} more per wave for the "
+                     f"baseline and the undecided variants, up to {d.max_seeds} seeds per arm"
+                     + (f", margin {d.margin}" if d.margin else ""))
     lines += [f"warning: {w}" for w in warnings(spec, (cfg for _, cfg in rows), address)]
     # -- the statistics planner's block goes here: one call that appends its lines (what this
     #    design can show at these seed counts, loud when it cannot reach significance) --
@@ -123,7 +128,9 @@ def status_text(name: str) -> str:
     lines = [f"sweep {name}: MLflow {uri}, Ray results {exp_dir}"]
     state = read_state(exp_dir)
     if state.get("extensions"):
-        grown = "; ".join(f"{e['name']}: seeds {', '.join(map(str, e['seeds']))}" for e in state["extensions"])
+        grown = "; ".join(f"{e['name']}: seeds {', '.join(map(str, e['seeds']))}"
+                          + (f" for {', '.join(map(str, e['values']))}" if e.get("values") is not None else "")
+                          for e in state["extensions"])
         lines.append(f"seeds in effect: {', '.join(map(str, state.get('seeds', [])))} (grown: {grown})")
     runs = list(cl.search_runs([exp.experiment_id], f"tags.{record.SWEEP} = '{name}'", max_results=5000)) if exp else []
     parents = [r for r in runs if record.role(r.data.tags) == record.PARENT]
@@ -131,6 +138,7 @@ def status_text(name: str) -> str:
     for p in parents:
         best = record.ParentTags.of(p.data.tags).best.get("best_trial_id")
         lines.append(f"parent run {p.info.run_id}: {p.info.status}" + (f", best {best}" if best else ""))
+        lines += [f"  look {k}: {_look(text)}" for k, text in record.decide_waves(p.data.params).items()]
     by: dict[str, list] = {}
     for r in children:
         by.setdefault(str(TrialStatus.of_run(r.data.tags, r.info.status)), []).append(r)
@@ -150,6 +158,16 @@ def status_text(name: str) -> str:
             loss = f"  val loss {v:.4f}" if v is not None else ""
             lines.append(f"  {tid:<40} run {r.info.run_id}  Ray: {saved.get(tid, '-')}{loss}")
     return "\n".join(lines)
+
+
+def _look(text: str) -> str:
+    """One recorded look of a sweep run until decided (``sweep.decide.wave-<k>``) in words."""
+    try:
+        w = json.loads(text)
+        out = ", ".join(f"{v} {w['verdict'][v]} ({n} seeds)" for v, n in w["n"].items())
+        return out + (f"; next: seeds {w['seeds']} for {', '.join(w['next'])}" if w.get("next") else "; done")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return text
 
 
 def require_store(uri: str, name: str, exp_dir: Path) -> None:

@@ -71,6 +71,51 @@ def per_dim(w, sources, kbuf, vbuf, l, q):
     return mix(kbuf), mix(vbuf)
 
 
+def depth_attention(w, sources, kbuf, vbuf, l, q):
+    """Depth-Attention (arXiv 2606.05014), per token t and KV head h with plain loops: the group's
+    mean query scores each source's key at t, a softmax over the sources mixes their values; the
+    keys stay the layer's own. q is (B, H, T, Hd); groups are H/R consecutive query heads."""
+    B, R, T, Hd = kbuf[0].shape
+    G = q.shape[1] // R
+    v_out = torch.zeros_like(vbuf[l])
+    for b in range(B):
+        for h in range(R):
+            for t in range(T):
+                qbar = sum(q[b, h * G + g, t] for g in range(G)) / G
+                s = torch.stack([(qbar * kbuf[src][b, h, t]).sum() / Hd ** 0.5 for src in sources])
+                e = torch.exp(s - s.max())
+                a = e / e.sum()
+                v_out[b, h, t] = sum(a[i] * vbuf[src][b, h, t] for i, src in enumerate(sources))
+    return kbuf[l], v_out
+def dynamic(w, sources, kbuf, vbuf, l, q):
+    """Appendix E (dynamic LIMe): token t's routed head h mixes every source head c = (i, h') with
+    a_c = exp(s_c) / sum_c' exp(s_c'), s_c = qbar_t[h] . key[h, c] / sqrt(Hd), the same a for K
+    and V; qbar[h] is the mean query of the query heads sharing KV head h (MHA: head h's own); plus
+    this project's gate g[h]: routed = KV_l[h] + g[h] (mix - KV_l[h]). w is (R, |S|*R*Hd + 1): per
+    routed head its keys (|S|*R rows of Hd, source-major), then g."""
+    if w is None:
+        return kbuf[l], vbuf[l]
+    B, R, T, Hd = kbuf[0].shape
+    H = q.shape[1]
+    n = len(sources) * R
+    k_heads, v_heads = [], []
+    for h in range(R):
+        key = w[h, :n * Hd].reshape(n, Hd)
+        g = w[h, n * Hd]
+        qbar = sum(q[:, j] for j in range(h * (H // R), (h + 1) * (H // R))) / (H // R)  # (B, T, Hd)
+        scores = [(qbar * key[i * R + g2]).sum(-1) / Hd ** 0.5 for i in range(len(sources)) for g2 in range(R)]
+        top = torch.stack(scores).max(0).values  # (B, T): a shift for a stable exp
+        e = [torch.exp(s - top) for s in scores]
+        z = sum(e)
+        mk = sum(e[i * R + g2][..., None] / z[..., None] * kbuf[s][:, g2]
+                 for i, s in enumerate(sources) for g2 in range(R))
+        mv = sum(e[i * R + g2][..., None] / z[..., None] * vbuf[s][:, g2]
+                 for i, s in enumerate(sources) for g2 in range(R))
+        k_heads.append(kbuf[l][:, h] + g * (mk - kbuf[l][:, h]))
+        v_heads.append(vbuf[l][:, h] + g * (mv - vbuf[l][:, h]))
+    return _stack(k_heads), _stack(v_heads)
+
+
 def _stack(heads):
     """R tensors (B, T, Hd) -> (B, R, T, Hd)."""
     return torch.stack(heads, dim=1)
@@ -89,4 +134,9 @@ REFERENCES = {
     "linear": KindRef(linear, lambda n, R, Hd: R * n * R, lambda n, R, Hd: 2 * R * n * R * Hd),
     "same-head": KindRef(same_head, lambda n, R, Hd: R * n, lambda n, R, Hd: 2 * R * n * Hd),
     "per-dim": KindRef(per_dim, lambda n, R, Hd: R * n * R * Hd, lambda n, R, Hd: 2 * R * n * R * Hd),
+    # no parameters; the scores (R x n dot products of Hd) and the value mix (R x n x Hd)
+    "depth-attention": KindRef(depth_attention, lambda n, R, Hd: 0, lambda n, R, Hd: 2 * R * n * Hd),
+    # keys (one Hd-vector per routed head and source head) and a gate per routed head; MACs: the
+    # scores q . key (R * nR * Hd) and the mixing of K and V (2 * R * nR * Hd)
+    "dynamic": KindRef(dynamic, lambda n, R, Hd: R * (n * R * Hd + 1), lambda n, R, Hd: 3 * R * n * R * Hd),
 }

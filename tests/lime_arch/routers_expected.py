@@ -14,11 +14,11 @@ def expected_sources(spec: str, l: int) -> set[int]:
     j = int(arg) if arg else None
     if name == "none":
         return {l}
-    if name in ("full", "average", "no-head-mix", "per-dim"):
+    if name in ("full", "average", "no-head-mix", "per-dim", "depth-attention", "dynamic"):
         return set(range(l + 1))
-    if name == "last":
+    if name in ("last", "dynamic-last"):
         return set(range(max(0, l - j + 1), l + 1))
-    if name == "first":
+    if name in ("first", "dynamic-first"):
         return set(range(min(j, l + 1))) | {l}
     if name == "dilated":
         return {s for s in range(l + 1) if s % j == 0} | {l}

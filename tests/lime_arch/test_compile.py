@@ -16,7 +16,13 @@ Tolerance: models run in float64. Inductor fuses and reorders reductions (RMSNor
 cross-entropy), which moves results by rounding only: measured <= 1e-15 relative on the losses
 and <= 2e-13 of the largest gradient entry after three AdamW steps. The checks allow 1e-11 and
 1e-9: four orders of magnitude above rounding, while a routing mistake (a missing or doubled
-source, a wrong block term, a misordered backward) changes them at O(1).
+source, a wrong block term, a misordered backward) changes them at O(1). The evaluation after the
+steps compares the compiled graph with the eager forward of its own weights (1e-11), and the
+twins' logits with each other at 1e-9: AdamW normalises each entry's update, so an entry whose
+gradient is tiny and mostly cancellation carries its relative rounding into the weight at lr
+scale. Measured with MUDDFormer under Inductor: its W1 (whose gradient passes through the
+zero-initialised W2) drifted 4e-10 in three steps, the logits 7e-11, while the compiled forward on
+equal weights agreed to 7e-15.
 """
 import copy
 
@@ -30,6 +36,7 @@ from lime_arch import build_model, preset
 from lime_arch.generate import generate
 from lime_arch.routers import build_router, parse_router, router_specs
 from lime_arch.routing import ops
+from lime_arch.routing.kinds.buffered import BufferedKind
 from lime_arch.routing.mixers import SMALL_N, make_mixer
 
 L, HD, B, T = 9, 4, 2, 3
@@ -40,14 +47,17 @@ def _depth_mix_cases() -> list[str]:
     with ``full`` routing as ``full+<mix>``; none until that registry exists."""
     specs = getattr(lime_arch, "depth_mix_specs", None)
     # Dynamo traces the peers' stream mixing layer by layer: 20-70 s per case for DenseFormer and
-    # HC on 2 cores, so those run with the slow tests (make test-all); the others stay in make test
-    heavy = ("denseformer", "hyper-connections")
+    # HC on 2 cores, 17-23 s for mHC (its Sinkhorn rounds), 12-13 s for AttnRes (a read per source),
+    # so those run with the slow tests (make test-all); the others (MUDDFormer: 8 s, its separate
+    # K/V inputs through the decoder) stay in make test
+    heavy = ("denseformer", "hyper-connections", "mhc", "attn-res")
     return [pytest.param(f"full+{m}", marks=pytest.mark.slow) if m.startswith(heavy) else f"full+{m}"
             for m in specs()] if callable(specs) else []
 
 
 MODEL_CASES = [*router_specs(), "full/concat", *_depth_mix_cases()]
-LEARNED = [s for s in router_specs((2, 4)) if parse_router(s)[0].kind.learned]  # the ones with a buffer mixer
+BUFFERED = [s for s in router_specs((2,)) if isinstance(parse_router(s)[0].kind, BufferedKind)]  # buffer mixer
+LEARNED = [s for s in router_specs((2, 4)) if isinstance(parse_router(s)[0].kind, BufferedKind)]
 
 
 @pytest.fixture(autouse=True)
@@ -153,7 +163,7 @@ def test_a_pass_without_backward_is_dropped_after_max_passes():
 
 
 # -- compiled ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize("spec", [s for s in router_specs((2,)) if parse_router(s)[0].kind.learned])
+@pytest.mark.parametrize("spec", BUFFERED)
 def test_compiled_blocked_mixer_equals_eager(spec):
     """The mixer alone, compiled (aot_eager, fullgraph) with layer blocks of 2 and 3, so the blocks'
     old-slot products and the members' weights go through the ops (at the models' depths below the
@@ -210,7 +220,10 @@ def _train_both(case: str, backend: str, steps: int = 2, layers: int = 4):
             opt.zero_grad()
     x = torch.randint(0, 48, (3, 10), generator=g)
     with torch.no_grad():
-        torch.testing.assert_close(fwd(x), eager(x), rtol=1e-9, atol=1e-11)
+        # the compiled graph against the eager forward of the same (twin's) weights: after the steps
+        # the twins' weights differ by AdamW-amplified rounding (module docstring)
+        torch.testing.assert_close(fwd(x), twin(x), rtol=1e-9, atol=1e-11)
+        torch.testing.assert_close(twin(x), eager(x), rtol=1e-9, atol=1e-9)
     return eager, twin, fwd
 
 

@@ -30,9 +30,10 @@ def tiny(depth_mix, router="none", kv=4, **kw):
 
 
 # -- the registry -------------------------------------------------------------------------------
-def test_registry_lists_the_paper_peers_in_order():
-    assert SPECS == ["none", "denseformer", "hyper-connections", "hyper-connections-static", "value-residual",
-                     "value-residual-learned"]
+def test_registry_lists_the_paper_peers_and_the_field_in_order():
+    assert SPECS == ["none", "denseformer", "hyper-connections", "hyper-connections-static", "hyper-connections-corl",
+                     "value-residual", "value-residual-learned", "attn-res", "attn-res-block", "mhc", "mhc-sigmoid",
+                     "mudd"]
 
 
 @pytest.mark.parametrize("spec,cls,args", [
@@ -49,7 +50,9 @@ def test_spec_strings_and_defaults(spec, cls, args):
 @pytest.mark.parametrize("spec,message", [
     ("densformer", "model.depth_mix: unknown depth mix 'densformer'; registered: none, "
                    "denseformer[-<dilation>[-<period>]], hyper-connections[-<rate>], "
-                   "hyper-connections-static[-<rate>], value-residual, value-residual-learned"),
+                   "hyper-connections-static[-<rate>], hyper-connections-corl[-<rate>], value-residual, "
+                   "value-residual-learned, attn-res, attn-res-block[-<size>], mhc[-<rate>[-<iters>[-<post_gain>]]], "
+                   "mhc-sigmoid[-<rate>[-<iters>[-<post_gain>]]], mudd"),
     ("denseformer-0", "model.depth_mix: 'denseformer-0' needs a positive integer for dilation, got 0"),
     ("denseformer-1-0", "model.depth_mix: 'denseformer-1-0' needs a positive integer for period, got 0"),
     ("denseformer-1.5", "model.depth_mix: 'denseformer-1.5' needs a positive integer for dilation, got 1.5"),

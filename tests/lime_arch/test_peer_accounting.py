@@ -3,7 +3,7 @@ Table 16 (arXiv 2502.09245: 1B models, relative to LLaMA), with the differences 
 lime_arch/accounting.py's docstring."""
 import pytest
 
-from lime_arch import build_model, flop_overhead, flops_per_token, param_counts, preset
+from lime_arch import ModelConfig, build_model, flop_overhead, flops_per_token, param_counts, preset
 
 L, C = 4, 64  # the tiny preset
 
@@ -84,3 +84,50 @@ def test_table16_relative_deltas(name):
     mac_hc = flops_per_token(hc)["depth_mix"] // 2 + 2 * 16 * 4 * 4 * 2048
     assert round(100 * mac_df / paper["macs"], 2) == paper["denseformer"][1]
     assert round(100 * mac_hc / paper["macs"], 2) == paper["hyper-connections"][1]
+
+
+# -- the 2026 field ----------------------------------------------------------------------------
+N4 = 4 * (4 + 2)  # mHC's n(n+2) logits per sublayer at n = 4
+MUDD_HID = 64  # every dense-weight MLP of the tiny model: (h // 64 + 1) * 64 with h = 8, 12, 16 and 1 * 5 * 4
+
+
+@pytest.mark.parametrize("spec,count", [
+    ("hyper-connections-corl", 2 * L * (C * 6 + 4 * 5 + 4 + 2)),  # HC's own count: only the init and norm differ
+    ("mhc", 2 * L * (4 * C * N4 + N4 + 3)),  # phi (nC, n(n+2)), b (n(n+2)), (a_pre, a_post, a_res)
+    ("mhc-sigmoid", 2 * L * (4 * C * N4 + N4 + 3)),
+    ("mhc-2-5", 2 * L * (2 * C * 8 + 8 + 3)),
+    ("attn-res", (2 * L + 1) * C),  # a pseudo-query per sublayer and one for the final norm
+    ("attn-res-block-3", (2 * L + 1) * C),
+    # per block i: W1 (C, 64), W2 (64, ways (i+2)), b (ways, i+2); then the K/V gains (2 C) of blocks 1..L-1
+    ("mudd", sum(C * MUDD_HID + (MUDD_HID + 1) * w * (i + 2) for i, w in enumerate([4, 4, 4, 1])) + (L - 1) * 2 * C),
+])
+def test_field_parameter_counts_by_hand(spec, count):
+    assert _mix_params(spec) == count
+    assert _mix_params(spec, router="full", n_kv_heads=2) == count
+
+
+@pytest.mark.parametrize("spec,macs", [
+    ("hyper-connections-corl", 2 * L * (4 * C * 6 + 4 * C + 16 * C + 4 * C) + 3 * C),
+    # per sublayer: vec(H) phi nC * n(n+2), H_pre H nC, H_res H n^2 C, H_post^T y nC; then the sum of the streams
+    ("mhc", 2 * L * (4 * C * N4 + 4 * C + 16 * C + 4 * C) + 3 * C),
+    ("mhc-2-5", 2 * L * (2 * C * 8 + 2 * C + 4 * C + 2 * C) + C),
+    ("attn-res", 2 * C * sum(range(1, 2 * L + 2))),  # reader k has k + 1 sources, the final norm 2L + 1
+    ("attn-res-block-3", 2 * C * (1 + 2 + 2 + 2 + 3 + 3 + 3 + 4 + 4)),  # blocks {0, 1, 2}, {3, 4, 5}, {6, 7}
+    ("mudd", sum(C * MUDD_HID + MUDD_HID * w * (i + 2) + w * (i + 2) * C for i, w in enumerate([4, 4, 4, 1]))),
+])
+def test_field_flops_by_hand(spec, macs):
+    f, base = flops_per_token(preset("tiny", depth_mix=spec), 64), flops_per_token(preset("tiny"), 64)
+    assert f["depth_mix"] == 2 * macs and f["base"] == base["base"] and f["total"] == base["total"] + 2 * macs
+
+
+def test_mudd_parameter_overhead_against_the_paper():
+    """MUDDFormer-2.8B's shape (the authors' config: D 2560, 32 layers, 32 heads, FFN 6912 on average, vocabulary
+    50,432, untied): +0.32% with the code's rounded MLP width (ours), +0.22% unrounded, the paper's +0.23%."""
+    cfg = ModelConfig(vocab_size=50_432, d_model=2560, n_layers=32, n_heads=32, ffn_dim=6912, tie_embeddings=False,
+                      max_seq_len=2048, init_std=0.02, depth_mix="mudd")
+    base = param_counts(cfg.replace(depth_mix="none"))["total"]
+    ours = param_counts(cfg)["depth_mix"]
+    blocks = [(4, i + 2, 4 * (i + 2)) for i in range(31)] + [(1, 33, 4 * 33)]  # (ways, sources, width h)
+    unrounded = sum(2560 * h + h * w * S + w * S for w, S, h in blocks) + 31 * 2 * 2560  # W1, W2, b; K/V gains
+    assert round(100 * ours / base, 2) == 0.32
+    assert abs(100 * unrounded / base - 0.23) < 0.015

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from lime_arch import build_model, preset
-from lime_arch.depth_mix import DEPTH_MIXES, depth_mix_specs
+from lime_arch.depth_mix import DEPTH_MIXES, depth_mix_specs, parse_depth_mix
 
 
 @pytest.fixture(autouse=True)
@@ -43,14 +43,17 @@ class Ref:
         self.kbuf, self.vbuf = [], []
         self.v1 = None
 
-    def attention(self, l, h):
+    def attention(self, l, h, kv=None):
+        """kv: ((h_k, g_k), (h_v, g_v)), separate key and value inputs, each normed by the block's
+        attention norm and then scaled by its own gain (MUDDFormer); default: h for all three."""
         cfg, blk = self.cfg, self.m.blocks[l]
         a, (B, T, _) = blk.attn, h.shape
         H, R, Hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         h = rms(h, blk.attn_norm.weight, cfg.norm_eps)
+        hk, hv = (h, h) if kv is None else (rms(x, blk.attn_norm.weight, cfg.norm_eps) * g for x, g in kv)
         q = (h @ a.wq.weight.T).view(B, T, H, Hd).transpose(1, 2)
-        self.kbuf.append((h @ a.wk.weight.T).view(B, T, R, Hd).transpose(1, 2))  # raw (B, R, T, Hd)
-        self.vbuf.append((h @ a.wv.weight.T).view(B, T, R, Hd).transpose(1, 2))
+        self.kbuf.append((hk @ a.wk.weight.T).view(B, T, R, Hd).transpose(1, 2))  # raw (B, R, T, Hd)
+        self.vbuf.append((hv @ a.wv.weight.T).view(B, T, R, Hd).transpose(1, 2))
         k, v = self.kbuf[l], self.vbuf[l]
         if cfg.router == "full" and l > 0:  # routed[h] = sum_{s, h'} W[h, s*R + h'] KV_s[h']
             W = self.m.router.weights[l - 1]
@@ -107,6 +110,9 @@ class HyperConnectionsRef(Ref):
     """n streams; per sublayer k, per stream i: a_m[i], A_r[i, j], b[i] (+ s tanh(norm(H_i) W)),
     h = sum_i a_m[i] H_i, H'_j = b[j] y + sum_i A_r[i, j] H_i; the sum of the streams at the end."""
 
+    def norm(self, h):  # RMSNorm without gain
+        return h / torch.sqrt(h.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)
+
     def step(self, k, Hs, f):
         dm, n = self.m.depth_mix, len(Hs)
         am = [dm.static_alpha[k][i, 0] for i in range(n)]
@@ -115,7 +121,7 @@ class HyperConnectionsRef(Ref):
         if dm.dynamic:
             W, (sa, sb) = dm.proj[k], dm.scale[k]  # W = [W_m | W_r | W_b]: (C, n + 2)
             for i in range(n):
-                hn = Hs[i] / torch.sqrt(Hs[i].pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)
+                hn = self.norm(Hs[i])
                 am[i] = am[i] + sa * torch.tanh(hn @ W[:, 0])
                 Ar[i] = [Ar[i][j] + sa * torch.tanh(hn @ W[:, 1 + j]) for j in range(n)]
                 b[i] = b[i] + sb * torch.tanh(hn @ W[:, n + 1])
@@ -130,6 +136,113 @@ class HyperConnectionsRef(Ref):
             Hs = self.step(2 * l, Hs, lambda h, l=l: self.attention(l, h))
             Hs = self.step(2 * l + 1, Hs, lambda h, l=l: self.mlp(l, h))
         return self.logits(sum(Hs))
+
+
+class CorlHyperConnectionsRef(HyperConnectionsRef):
+    """The LIMe authors' HC: the dynamic weights read LayerNorm without affine: (h - mean) / sqrt(var + eps)."""
+
+    def norm(self, h):
+        c = h - h.mean(-1, keepdim=True)
+        return c / torch.sqrt(c.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)
+
+
+class MHCRef(Ref):
+    """mHC (arXiv 2512.24880, Eqs. 7-8), per sublayer k, stream by stream and entry by entry:
+    x' = [H_0, .., H_{n-1}] / rms; t_j = x' . phi[:, j]; H_pre[i] = sigmoid(a_pre t_i + b_i),
+    H_post[i] = g sigmoid(a_post t_{n+i} + b_{n+i}), M[i][j] = exp(a_res t_{2n+ni+j} + b_{2n+ni+j}) then
+    ``iters`` rounds of row and column normalisation; h = sum_i H_pre[i] H_i,
+    H'_i = H_post[i] y + sum_j M[i][j] H_j; the sum of the streams at the end."""
+
+    def positive(self, z):
+        return torch.exp(z)
+
+    def step(self, k, Hs, f):
+        dm, n = self.m.depth_mix, len(Hs)
+        x = torch.cat(Hs, -1)
+        x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)
+        t = x @ dm.proj[k]  # (B, T, n(n+2))
+        a, b = dm.gate[k], dm.bias[k]
+        pre = [torch.sigmoid(a[0] * t[..., i] + b[i]) for i in range(n)]
+        post = [dm.post_gain * torch.sigmoid(a[1] * t[..., n + i] + b[n + i]) for i in range(n)]
+        M = [[self.positive(a[2] * t[..., 2 * n + n * i + j] + b[2 * n + n * i + j]) for j in range(n)]
+             for i in range(n)]
+        for _ in range(dm.iters):
+            rows = [sum(M[i]) for i in range(n)]
+            M = [[M[i][j] / rows[i] for j in range(n)] for i in range(n)]
+            cols = [sum(M[i][j] for i in range(n)) for j in range(n)]
+            M = [[M[i][j] / cols[j] for j in range(n)] for i in range(n)]
+        y = f(sum(pre[i][..., None] * Hs[i] for i in range(n)))
+        return [post[i][..., None] * y + sum(M[i][j][..., None] * Hs[j] for j in range(n)) for i in range(n)]
+
+    def run(self):
+        Hs = [self.m.embed.weight[self.idx]] * self.m.depth_mix.rate
+        for l in range(self.cfg.n_layers):
+            Hs = self.step(2 * l, Hs, lambda h, l=l: self.attention(l, h))
+            Hs = self.step(2 * l + 1, Hs, lambda h, l=l: self.mlp(l, h))
+        return self.logits(sum(Hs))
+
+
+class SigmoidMHCRef(MHCRef):
+    def positive(self, z):
+        return 1 / (1 + torch.exp(-z))
+
+
+class AttnResRef(Ref):
+    """Attention Residuals (arXiv 2603.15031): sublayer k reads sum_i a_i v_i over v_0 (the embedding)
+    and the outputs v_1..v_k of the sublayers before it, a = exp(s_i) / sum exp(s), s_i = w_k . v_i / rms(v_i);
+    the final norm reads the same over all 2L + 1 sources with w_{2L}."""
+
+    def read(self, k, vs):
+        w = self.m.depth_mix.queries[k]
+        e = [torch.exp((v / torch.sqrt(v.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)) @ w) for v in vs]
+        z = sum(e)
+        return sum((ei / z)[..., None] * v for ei, v in zip(e, vs))
+
+    def sources(self, k, emb, outs):  # full: every earlier output
+        return [emb, *outs]
+
+    def run(self):
+        emb, outs, K = self.m.embed.weight[self.idx], [], 2 * self.cfg.n_layers
+        for k in range(K):
+            h = self.read(k, self.sources(k, emb, outs))
+            outs.append(self.attention(k // 2, h) if k % 2 == 0 else self.mlp(k // 2, h))
+        return self.logits(self.read(K, self.sources(K, emb, outs)))
+
+
+class BlockAttnResRef(AttnResRef):
+    """Block AttnRes: blocks of S sublayers, [mS, (m+1)S) (the last one cut at 2L); sublayer k reads the
+    embedding, the sums of the blocks before its own and, if non-empty, the sum of its block's outputs so
+    far; the final norm the embedding and every block's sum."""
+
+    def sources(self, k, emb, outs):
+        S = self.m.depth_mix.size
+        start = k - k % S if k < 2 * self.cfg.n_layers else k  # the final norm: every block is complete
+        done = [sum(outs[i:min(i + S, start)]) for i in range(0, start, S)]
+        partial = outs[start:k]
+        return [emb, *done] + ([sum(partial)] if partial else [])
+
+
+class MUDDRef(Ref):
+    """MUDDFormer (arXiv 2502.12170): after block i, A = GELU(X_{i+1}/rms W1) W2 + b, (ways, i + 2);
+    mixture c = sum_j A[c, j] X_j; block i+1 reads queries from mixture q, keys from k (gain g_k), values
+    from v (gain g_v) and adds to mixture r; after the last block one mixture feeds the final norm."""
+
+    def run(self):
+        dm, L = self.m.depth_mix, self.cfg.n_layers
+        X = [self.m.embed.weight[self.idx]]
+        q = k = v = r = X[0]
+        for i in range(L):
+            kv = None if i == 0 else ((k, dm.kv_gain[i - 1, 0]), (v, dm.kv_gain[i - 1, 1]))
+            x = r + self.attention(i, q, kv)
+            x = x + self.mlp(i, x)
+            X.append(x)
+            u = (x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)) @ dm.proj[i].w1
+            A = (0.5 * u * (1 + torch.erf(u / math.sqrt(2)))) @ dm.proj[i].w2 + dm.bias[i].flatten()
+            S = i + 2
+            mixes = [sum(A[..., c * S + j, None] * X[j] for j in range(S)) for c in range(A.shape[-1] // S)]
+            if i == L - 1:
+                return self.logits(mixes[0])
+            q, k, v, r = mixes
 
 
 class ValueResidualRef(Ref):
@@ -152,10 +265,15 @@ class LearnedValueResidualRef(ValueResidualRef):
 
 
 REFERENCES = {"none": Ref, "denseformer": DenseFormerRef, "hyper-connections": HyperConnectionsRef,
-              "hyper-connections-static": HyperConnectionsRef, "value-residual": ValueResidualRef,
-              "value-residual-learned": LearnedValueResidualRef}
+              "hyper-connections-static": HyperConnectionsRef, "hyper-connections-corl": CorlHyperConnectionsRef,
+              "value-residual": ValueResidualRef, "value-residual-learned": LearnedValueResidualRef,
+              "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "attn-res": AttnResRef, "attn-res-block": BlockAttnResRef,
+              "mudd": MUDDRef}
+# At 5 layers (10 sublayers) attn-res-block's default size 4 makes blocks of 4, 4, 2 and size 3 of 3, 3, 3, 1;
+# size 1 is full AttnRes; sizes 10 and 20 are one block (every sublayer reads the embedding and the partial sum).
 SPECS = [*depth_mix_specs(), "denseformer-2-1", "denseformer-1-2", "denseformer-2-3", "hyper-connections-2",
-         "hyper-connections-static-3"]
+         "hyper-connections-static-3", "hyper-connections-corl-3", "mhc-2-5", "mhc-4-20-1", "mhc-sigmoid-3-7-1.5",
+         "attn-res-block-1", "attn-res-block-3", "attn-res-block-10", "attn-res-block-20"]
 
 
 def test_every_registered_depth_mix_has_a_reference():
@@ -177,7 +295,7 @@ def _grads(model):
 @pytest.mark.parametrize("kv", [4, 2])
 @pytest.mark.parametrize("router", ["none", "full"])
 def test_peer_matches_reference_forward_and_gradients(spec, kv, router):
-    name = spec if spec in DEPTH_MIXES else spec.rstrip("0123456789-")
+    name = parse_depth_mix(spec)[0].name
     model = build_model(preset("tiny", router=router, n_kv_heads=kv, n_layers=5, depth_mix=spec)).double()
     _randomise(model)
     idx = torch.randint(0, 256, (2, 9))

@@ -52,9 +52,10 @@ def test_gradients_reach_exactly_the_source_slots(spec, kv):
     router = build_router(spec, n_layers=L, n_kv_heads=kv, head_dim=Hd, init="paper")
     raw = [(torch.randn(B, T, kv, Hd, requires_grad=True), torch.randn(B, T, kv, Hd, requires_grad=True))
            for _ in range(L)]
+    q = [torch.randn(B, T, 4, Hd) for _ in range(L)]  # the layers' queries (4 heads; token-dependent kinds)
     for target in range(L):
         mixer = make_mixer(router)
-        routed = [mixer.route(l, k, v) for l, (k, v) in enumerate(raw)]
+        routed = [mixer.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
         k_t, v_t = routed[target]
         (k_t * torch.randn_like(k_t)).sum().add((v_t * torch.randn_like(v_t)).sum()).backward()
         reached = {s for s, (k, v) in enumerate(raw) if k.grad is not None and k.grad.abs().sum() > 0}
@@ -95,6 +96,11 @@ def test_router_parameter_counts(spec, kv):
 @pytest.mark.parametrize("spec", SPECS)
 def test_dense_matrix_zero_outside_sources(spec):
     router = build_router(spec, n_layers=5, n_kv_heads=2, head_dim=4, init="paper")
+    try:
+        router.dense(1)
+    except NotImplementedError as e:  # a token-dependent kind with no one matrix (depth attention)
+        assert router.kind.token_dependent and "depends on the tokens" in str(e)
+        return
     for l in range(5):
         d = router.dense(l)
         assert d.shape[:2] == (2, (l + 1) * 2)
@@ -138,7 +144,8 @@ def test_unknown_router_lists_registered():
         preset("tiny", router="fancy")
 
 
-REGISTERED = "none, full, average, last-<int>, first-<int>, dilated-<int>, no-head-mix, per-dim"
+REGISTERED = ("none, full, average, last-<int>, first-<int>, dilated-<int>, no-head-mix, per-dim, depth-attention, "
+              "dynamic, dynamic-first-<int>, dynamic-last-<int>")
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -168,9 +175,11 @@ def test_parse_and_spec_round_trip():
 
 def test_router_specs_come_from_the_registry():
     assert registered_specs() == ["none", "full", "average", "last-4", "first-4", "dilated-8", "no-head-mix",
-                                  "per-dim"]
+                                  "per-dim", "depth-attention", "dynamic", "dynamic-first-4", "dynamic-last-4"]
     assert registered_specs((2, 8)) == ["none", "full", "average", "last-2", "last-8", "first-2", "first-8",
-                                        "dilated-2", "dilated-8", "no-head-mix", "per-dim"]
+                                        "dilated-2", "dilated-8", "no-head-mix", "per-dim", "depth-attention",
+                                        "dynamic", "dynamic-first-2", "dynamic-first-8", "dynamic-last-2",
+                                        "dynamic-last-8"]
     for spec in registered_specs((3,)):
         parse_router(spec)
 

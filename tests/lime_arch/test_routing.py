@@ -35,16 +35,31 @@ def _f64():
     torch.set_default_dtype(torch.float32)
 
 
+H = 4  # query heads of the layers' queries (read by token-dependent kinds)
+
+
 def _raw(R, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(B, T, R, HD, generator=g, requires_grad=True),
              torch.randn(B, T, R, HD, generator=g, requires_grad=True)) for _ in range(L)]
 
 
+def _query(k: torch.Tensor, l: int) -> torch.Tensor:
+    """Layer l's query (B, T, H = R, Hd) for raw K/V like ``k``: the same for every path of a test
+    (token-dependent kinds read it; static ones ignore it)."""
+    return torch.randn(k.shape, generator=torch.Generator().manual_seed(100 + l), dtype=k.dtype)
+
+
+def _queries(seed=7):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(B, T, H, HD, generator=g) for _ in range(L)]
+
+
 def _run(router, impl, raw, weights, block=None, layers=None):
     """Route all layers; loss = sum of <routed, weight> over ``layers``; gradients of everything."""
     m = make_mixer(router, impl, block=block) if impl == "buffer" else make_mixer(router, impl)
-    outs = [m.route(l, k, v) for l, (k, v) in enumerate(raw)]
+    q = _queries()
+    outs = [m.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
     layers = range(L) if layers is None else layers
     loss = sum((outs[l][0] * weights[l][0]).sum() + (outs[l][1] * weights[l][1]).sum() for l in layers)
     params = list(router.parameters()) + [t for kv in raw for t in kv]
@@ -93,14 +108,13 @@ def test_no_grad_paths_match(spec, small, monkeypatch):
     monkeypatch.setattr(mixers, "SMALL_N", 10**9 if small else 0)
     R = 2
     router = build_router(spec, n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")
-    raw = _raw(R, 5)
+    raw, q = _raw(R, 5), _queries()
     with torch.no_grad():
-        ref = [make_mixer(router, "concat").route(0, *raw[0])]
         cm = make_mixer(router, "concat")
-        ref = [cm.route(l, k, v) for l, (k, v) in enumerate(raw)]
+        ref = [cm.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
         for block in BLOCKS:
             bm = make_mixer(router, block=block)
-            got = [bm.route(l, k, v) for l, (k, v) in enumerate(raw)]
+            got = [bm.route(l, k, v, q=q[l]) for l, (k, v) in enumerate(raw)]
             for (a, b), (c, d) in zip(got, ref):
                 torch.testing.assert_close(a, c, rtol=1e-10, atol=1e-10)
                 torch.testing.assert_close(b, d, rtol=1e-10, atol=1e-10)
@@ -137,8 +151,8 @@ def test_pooled_buffers_never_alias_results():
     _, ref1 = _run(router, "concat", raw1, w)
     _, ref2 = _run(router, "concat", raw2, w)
     ma, mb = make_mixer(router, block=3), make_mixer(router, block=3)
-    oa = [ma.route(l, k, v) for l, (k, v) in enumerate(raw1)]
-    ob = [mb.route(l, k, v) for l, (k, v) in enumerate(raw2)]
+    oa = [ma.route(l, k, v, q=_query(k, l)) for l, (k, v) in enumerate(raw1)]
+    ob = [mb.route(l, k, v, q=_query(k, l)) for l, (k, v) in enumerate(raw2)]
     params = lambda raw: list(router.parameters()) + [t for kv in raw for t in kv]  # noqa: E731
     loss = lambda outs: sum((o[0] * x[0]).sum() + (o[1] * x[1]).sum() for o, x in zip(outs, w))  # noqa: E731
     gb = torch.autograd.grad(loss(ob), params(raw2))
@@ -230,7 +244,7 @@ def test_computed_weight_routes_through_weight(base, R, monkeypatch):
             for small in (10**9, 0):  # the few-token path and the blocked buffer
                 monkeypatch.setattr(mixers, "SMALL_N", small)
                 m = make_mixer(router)
-                got = [m.route(l, k, v)[0] for l, (k, v) in enumerate(raw)]
+                got = [m.route(l, k, v, q=_query(k, l))[0] for l, (k, v) in enumerate(raw)]
                 for a, b in zip(got, ref_out[0::2]):
                     torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
     plain = base(n_layers=L, n_kv_heads=R, head_dim=HD, init="paper")

@@ -2,8 +2,10 @@
 
 A router (``lime_arch.routers``) says which buffered K/V heads layer l reads (``sources(l)``)
 and owns its coefficients; its *kind* says what those coefficients are and how the mixing runs.
-One kind is one ``RouterKind`` subclass in one module of this package, registered once with
-``register_kind`` (a single instance, e.g. ``LINEAR``); routers declare ``kind = LINEAR``. Nothing
+One kind is one ``RouterKind`` subclass in one module of this package named after it (the kind
+``same-head`` is ``same_head.py``), registered once with ``register_kind`` (a single instance,
+e.g. ``LINEAR``); routers declare it by name, torch-free (``kind = KindName("linear")``,
+``lime_arch.router_base``), and a built router's ``kind`` is the instance. Nothing
 outside the kind's module branches on it: the router, the accounting, the mixers, the KV-cache
 decoding and the compile ops ask the kind object.
 
@@ -34,6 +36,7 @@ class RouterKind:
       init_weight        layer l's initial weight (learned kinds)
       dense              the same mixing as a dense (R, (l+1)R[, Hd]) matrix, zeros outside the
                          sources: analysis, plots and the concatenation reference
+      token_mixing       the dense mixing per token for the layer's query (default: ``dense``)
       macs_per_token     multiply-accumulates per token of routing K and V at layer l (the FLOP
                          accounting, ``lime_arch.accounting``, sums them)
       make_mixer         the object whose ``route(l, k, v, q=None)`` maps layer l's raw, pre-RoPE K/V
@@ -49,22 +52,31 @@ class RouterKind:
                          by default ``dense(l)`` applied to it
       traffic_slots      slots (one layer's K and V for the batch) a training step moves: the
                          benchmark's bandwidth floor (``lime_arch.routing.plan.step_traffic``)
+      prunable, prune_mass  whether top-p pruning applies, and each weight entry's importance
+      activation_elems   elements the routing of a training step keeps for backward beyond the
+                         baseline's, and the most it holds at once on top (``accounting.routing_memory``)
 
     The buffered kinds (linear, same-head, per-dim) run on the shared K/V buffer, its autograd
     functions and its compile ops; ``BufferedKind`` says what such a kind adds (its buffer layout).
 
-    A token-dependent kind (the planned ``dynamic`` router, weights softmax over sources of
-    q_{t,h} . key_l[h, s, h'] / sqrt(Hd); depth attention, each query scoring the buffered keys of the
-    earlier layers at its position) is one more module here: its mixer reads ``q`` in ``route``, its
-    ``concat_route`` computes the same from the concatenated K/V and ``q`` (its reference), its
-    ``macs_per_token`` counts the scores too, and its ``dense`` is the mixing averaged over tokens
-    or undefined (the end-of-trial analysis, ``orchestrator.engine.hooks`` and
-    ``orchestrator.analysis.analyze``, calls ``dense`` of every router today: that issue decides).
+    A token-dependent kind (``dynamic.py``: weights softmax over sources of
+    q_{t,h} . key_l[h, s, h'] / sqrt(Hd); depth attention would be another) sets
+    ``token_dependent`` and is one more module here: its mixer reads ``q`` in ``route``, its
+    ``concat_route`` computes the same from the concatenated K/V and ``q``, its ``macs_per_token``
+    counts the scores too, its ``token_mixing(l, q)`` gives the dense mixing of every token, and its
+    ``dense`` is a token-free matrix of its choice (dynamic: the mixing of a zero query). The
+    analysis of a trained model (``orchestrator.analysis.routes``: the end-of-trial router artifacts
+    and ``lime analyze``) summarises a token-dependent kind by ``token_mixing`` averaged over
+    validation tokens, with the spread over tokens as a second map; a static kind by ``dense``.
     Its reference test goes into ``tests/lime_arch/kind_references.py``.
     """
 
     name: ClassVar[str]
     learned: ClassVar[bool] = False  # one weight per layer l >= 1 (``Router.weights``)
+    # the mixing depends on the tokens (it reads ``q``): ``dense`` has no single matrix, and the
+    # router maps of the analysis and the report average ``token_mixing`` over tokens
+    token_dependent: ClassVar[bool] = False
+    prunable: ClassVar[bool] = False  # top-p pruning applies (``prune_mass``; ``lime_arch.prune``)
 
     def __repr__(self) -> str:
         return f"RouterKind({self.name!r})"
@@ -79,6 +91,25 @@ class RouterKind:
 
     def dense(self, router, l: int) -> Tensor:
         raise NotImplementedError
+
+    def token_mixing(self, router, l: int, q: Tensor, keys: list[Tensor] | None = None) -> Tensor:
+        """Layer l's dense mixing per token, (B, T, R, (l+1)R[, Hd]), for the layer's query q
+        (B, T, H, Hd) and the raw keys (B, T, R, Hd) of layers 0..l (read by kinds whose weights
+        depend on them, depth attention): ``dense(l)`` at every token, unless the kind is
+        token-dependent."""
+        d = self.dense(router, l).to(q)
+        return d.expand(q.shape[0], q.shape[1], *d.shape)
+
+    def prune_mass(self, w: Tensor) -> Tensor:
+        """The importance of each entry of a layer's weight for top-p pruning (``lime_arch.prune``),
+        shaped like ``w``; a prunable kind's weight has its sources as equal column blocks of dim 1."""
+        raise TypeError(f"router kind {self.name} cannot be pruned")
+
+    def route_keys(self, router, l: int) -> Tensor | None:
+        """Layer l's learned keys (R, n, Hd), one per routed head and source column, which a token's
+        query is scored against (token-dependent kinds; None for the others): the logit lens of
+        ``orchestrator.analysis.routes`` maps them to tokens."""
+        return None
 
     def macs_per_token(self, router, l: int) -> int:
         raise NotImplementedError
@@ -98,6 +129,13 @@ class RouterKind:
 
     def traffic_slots(self, router, block: int | None) -> int:
         raise NotImplementedError
+
+    def activation_elems(self, router, B: int, T: int) -> tuple[int, int]:
+        """(kept, transient): elements a training step's routing keeps from forward to backward on
+        top of the baseline's activations, and the most it holds at once on top of those (the
+        analytic memory of ``lime_arch.accounting.routing_memory``). Default: nothing (identity;
+        the running mean's sums are freed once read)."""
+        return 0, 0
 
 
 def average_dense(R: int, l: int, sources: list[int]) -> Tensor:

@@ -180,3 +180,9 @@ class BufferedKind(RouterKind):
 
     def traffic_slots(self, router, block: int | None) -> int:
         return plan_for(router, layout_for(router), block).traffic(copies=self.copies_routed).slots
+
+    def activation_elems(self, router, B: int, T: int) -> tuple[int, int]:
+        """Kept: the buffer, one copy of every layer's raw K/V. Transient: the backward's K/V
+        gradient buffer of the same size (the blocked routers'; an upper bound for the others)."""
+        slots = router.n_layers * 2 * B * T * router.R * router.head_dim
+        return slots, slots

@@ -67,6 +67,10 @@ class SlotTensorPath:
 
 class LinearKind(BufferedKind):
     name = "linear"
+    prunable = True  # top-p pruning of |w| (lime_arch.prune; the paper's Table 5 prunes full)
+
+    def prune_mass(self, w: Tensor) -> Tensor:
+        return w.abs()
 
     def operand_shape(self, router, l: int) -> tuple[int, ...]:
         return (router.R, len(router.sources(l)) * router.R)

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 
 from lime_arch import ConfigError
-from orchestrator.engine import datafiles
 from orchestrator.engine.data import hub
 from orchestrator.engine.data.registry import register_source
-from orchestrator.engine.trial_config import CORPUS_TOKENIZERS, DataConfig
+from orchestrator.engine.sources import expand_paths
+from orchestrator.engine.trial_config import DataConfig
 
 
 # -- tokenizers --------------------------------------------------------------------------------
@@ -146,13 +146,20 @@ def _stream(docs: list[list[int]], eos: int) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.long)
 
 
-def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
+def split_documents(texts: list[str], val_fraction: float) -> tuple[list[str], list[str]]:
+    """(training, validation) documents of a corpus: the non-empty ones, the last
+    ``val_fraction`` of them held out."""
     texts = [t for t in texts if t.strip()]
-    if len(texts) < 2:
-        raise ConfigError(f"data.source: the {name} corpus has {len(texts)} non-empty document(s); "
+    n_val = max(1, round(len(texts) * val_fraction))
+    return texts[:-n_val], texts[-n_val:]
+
+
+def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
+    n = sum(1 for t in texts if t.strip())
+    if n < 2:
+        raise ConfigError(f"data.source: the {name} corpus has {n} non-empty document(s); "
                           "need at least 2 (one for validation)")
-    n_val = max(1, round(len(texts) * cfg.val_fraction))
-    train_t, val_t = texts[:-n_val], texts[-n_val:]
+    train_t, val_t = split_documents(texts, cfg.val_fraction)
     tok = ByteTokenizer() if cfg.tokenizer == "byte" else train_bpe(train_t, cfg.bpe_vocab_size)
     enc = tok.encode
     return TokenData(_stream([enc(t) for t in train_t], tok.eos_id),
@@ -160,43 +167,32 @@ def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
                      train_docs=len(train_t), val_docs=len(val_t))
 
 
-def _check_text(cfg: DataConfig) -> None:
-    _check_tokenizer(cfg)
-    if not cfg.paths:
-        raise ConfigError("data.paths: the text source needs at least one file or glob")
-    datafiles.expand(cfg.paths)  # every file matched, non-empty UTF-8 text
-
-
-def _check_tokenizer(cfg: DataConfig) -> None:
-    if cfg.tokenizer not in CORPUS_TOKENIZERS:
-        raise ConfigError(f"data.tokenizer: {cfg.tokenizer!r} is not one of {', '.join(CORPUS_TOKENIZERS)}")
-
-
-def _check_hf(cfg: DataConfig) -> None:
-    if os.path.sep in cfg.hf_name and not os.path.isdir(cfg.hf_name) and cfg.hf_name.startswith((".", "/", "~")):
-        raise ConfigError(f"data.hf_name: local dataset folder {cfg.hf_name!r} does not exist")
-
-
-@register_source("builtin", check=_check_tokenizer)
+# the sources' cheap checks are declared in orchestrator.engine.sources
+@register_source("builtin")
 def _builtin(cfg: DataConfig) -> TokenData:
     """CPython's own documentation topics: ships with Python, so nothing is downloaded."""
+    return _corpus(builtin_documents(), cfg, "builtin")
+
+
+def builtin_documents() -> list[str]:
+    """The built-in corpus' documents in their fixed order (``split_documents`` holds out the last)."""
     from pydoc_data.topics import topics
 
     texts = [topics[k] for k in sorted(topics)]
     random.Random(1234).shuffle(texts)  # fixed shuffle: the split is the same for everyone
-    return _corpus(texts, cfg, "builtin")
+    return texts
 
 
-@register_source("text", check=_check_text)
+@register_source("text")
 def _text(cfg: DataConfig) -> TokenData:
-    files = datafiles.expand(cfg.paths)
+    files = expand_paths(cfg.paths)
     texts = [Path(f).read_text(encoding="utf-8", errors="replace") for f in files]
     if not any(t.strip() for t in texts):
         raise ConfigError(f"data.paths: the files are empty ({', '.join(files)})")
     return _corpus(texts, cfg, "text")
 
 
-@register_source("hf", check=_check_hf)
+@register_source("hf")
 def _hf(cfg: DataConfig) -> TokenData:
     """Any `datasets` dataset (hub name or a local save_to_disk folder), packed with EOS, with a
     named tokenizer (``byte``: GPT-2's), a ``tokenizer.json`` file, or a BPE trained here (``bpe``)."""

@@ -244,12 +244,9 @@ def _make_source(name: str):
     def build(cfg: DataConfig) -> TaskData:
         return TaskData(name, cfg)
 
-    def check(cfg: DataConfig) -> None:
-        build_task(name, cfg)
-
     build.__name__ = f"_{name.replace('-', '_')}"
     build.__doc__ = f"The synthetic {name!r} task (see orchestrator.engine.data.tasks)."
-    register_source(name, check=check)(build)
+    register_source(name)(build)
     return build
 
 

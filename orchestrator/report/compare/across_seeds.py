@@ -22,8 +22,8 @@ seeds, the metric is any numeric column. Choices, and why:
   Positive means the first group tends to have the larger metric.
 - The smallest two-sided p-value a pair can reach, 2 / C(n1 + n2, n1), is reported per pair and
   a note says when a family cannot reach p < alpha at all (before or after Holm).
-- Bootstrap percentile CIs of each group's mean, ``rng = default_rng(seed + group_index)``, on
-  values sorted first so that row order of the input cannot change a digit of the output.
+- Student's t CI of each group's mean (the percentile bootstrap used before covered 75% at 3 seeds;
+  ``tests/orchestrator/decide/test_coverage.py``); it depends on the values only, not their order.
 - Every degenerate case (empty or one-sample group, all values identical, missing baseline, zero
   baseline mean, duplicate seeds) becomes a line in ``Comparison.notes``, never a crash.
 - Rendering is deterministic: fixed group order, fixed number formatting, no timestamps.
@@ -46,8 +46,8 @@ from scipy import stats as sps
 from lime_arch.errors import ConfigError
 from orchestrator.core.fmt import is_number, order_key
 from orchestrator.core.status import TrialStatus
+from orchestrator.decide.intervals import t_interval
 from orchestrator.report.compare.results import Comparison, GroupSummary, Omnibus, PairTest
-from orchestrator.report.stats.intervals import bootstrap_ci
 from orchestrator.report.stats.multiplicity import holm
 from orchestrator.report.stats.ranks import (
     cliffs_delta,
@@ -202,7 +202,7 @@ def _baseline_mean(data: dict[Any, np.ndarray], base: Any, axis: str, notes: lis
 
 def _summarize(k: Any, x: np.ndarray, n_excluded: int, base_mean: float, axis: str, confidence: float,
                n_resamples: int, seed: int, notes: list[str]) -> GroupSummary:
-    """One group's numbers; its bootstrap uses ``seed`` (the comparison's seed + group index)."""
+    """One group's numbers (``seed`` is kept for callers; the t interval needs none)."""
     n = len(x)
     mean = float(np.mean(x)) if n else math.nan
     ci = (math.nan, math.nan)
@@ -214,9 +214,7 @@ def _summarize(k: Any, x: np.ndarray, n_excluded: int, base_mean: float, axis: s
         ci = (float(x[0]), float(x[0]))
         notes.append(f"{axis}={k}: all {n} values identical, CI collapses to the value")
     else:
-        ci = bootstrap_ci(x, confidence, n_resamples, seed)
-        if math.isnan(ci[0]) or math.isnan(ci[1]):
-            notes.append(f"{axis}={k}: bootstrap CI undefined")
+        ci = t_interval(x, confidence)
     change = (100.0 * (mean - base_mean) / abs(base_mean)
               if n and base_mean == base_mean and base_mean != 0 else math.nan)
     return GroupSummary(value=k, n=n, n_excluded=n_excluded, mean=mean,
@@ -227,9 +225,6 @@ def _summarize(k: Any, x: np.ndarray, n_excluded: int, base_mean: float, axis: s
 
 def _testable(data: dict[Any, np.ndarray], keys: list[Any], axis: str, notes: list[str]) -> list[Any]:
     """The groups with at least 2 samples (the ones the tests use), with notes on small ones."""
-    if any(2 <= len(data[k]) < PERMUTATION_BELOW for k in keys):
-        notes.append(f"percentile bootstrap CIs from fewer than {PERMUTATION_BELOW} samples are "
-                     "too narrow; read them as descriptive")
     usable = [k for k in keys if len(data[k]) >= 2]
     left_out = [k for k in keys if len(data[k]) < 2]
     if left_out and len(usable) >= 2:

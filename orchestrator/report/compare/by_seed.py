@@ -16,14 +16,13 @@ Mann-Whitney tests (still in the report) cannot.
   baseline's seeds is compared on the seeds both have, with a note; Friedman uses the seeds all
   tested variants share. When blocks repeat (a factor pooled without being a block), the design
   is "unpaired": the report then has no verdicts and says why.
-- Tests and their choices are in ``orchestrator.report.stats.paired``; Holm runs within each
-  test over the comparisons with the baseline; the verdict uses the permutation test of the mean
-  difference (``orchestrator.report.compare.verdicts``), its minimal detectable effect comes from
-  ``orchestrator.report.stats.power``.
+- Tests and their choices are in ``orchestrator.report.stats.paired``. The verdict is read off the
+  interval of the mean difference at the family's Bonferroni level, and Holm runs within each test
+  over the same family (``orchestrator.report.compare.decisions``).
 - Per-seed differences are rounded to 12 significant digits of the metric's scale (``snap``),
   so the float noise of a subtraction cannot create or break ties between differences.
-- Bootstrap CIs of the mean difference are seeded (the comparison's seed + 1000 + the variant's
-  index) on sorted differences, so row order cannot change a digit.
+- The interval of the mean difference is ``orchestrator.decide.intervals.paired_interval`` (Student's
+  t and the exact sign-flip inversion, whose limits do not depend on the order of the differences).
 """
 from __future__ import annotations
 
@@ -36,33 +35,27 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.core.fmt import norm_value, order_key
+from orchestrator.decide.families import BASELINE, Family
+from orchestrator.decide.verdict import Margin
 from orchestrator.report.compare import verdicts
 from orchestrator.report.compare.across_seeds import Comparison, Rows, exclusion
+from orchestrator.report.compare.decisions import decide_rows
 from orchestrator.report.compare.results import FriedmanResult, PairedAnalysis, PairedRow
-from orchestrator.report.stats import power
-from orchestrator.report.stats.intervals import bootstrap_ci
-from orchestrator.report.stats.multiplicity import holm, holm_min_p
-from orchestrator.report.stats.paired import (
-    friedman,
-    friedman_min_p,
-    sign_flip_min_p,
-    sign_flip_test,
-    wilcoxon,
-)
+from orchestrator.report.stats.paired import friedman, friedman_min_p, sign_flip_test, wilcoxon
 
-POWER_TARGET = 0.8
 WHY_PAIRED = ("a seed fixes the data order and the initial weights of every parameter the variants share, so "
               "the per-seed difference variant - baseline cancels the seed-to-seed variation")
 
 
 def analyze(df: pd.DataFrame, comp: Comparison, blocks: Sequence[str] = ("seed",),
-            mode: str | None = None) -> PairedAnalysis:
-    """The paired analysis of ``comp``'s metric and axis on the trials of ``df``."""
+            mode: str | None = None, margin: Margin | None = None, scope: str = "all") -> PairedAnalysis:
+    """The paired analysis of ``comp``'s metric and axis on the trials of ``df`` (its verdicts with
+    this table's comparisons as the family; ``decisions.apply`` widens it to the report's)."""
     mode = verdicts.metric_mode(comp.metric, mode)
     blocks = [b for b in dict.fromkeys(blocks) if b in df.columns and b != comp.axis]
     base = comp.baseline
     out = PairedAnalysis(design="unpaired", why="", metric=comp.metric, axis=comp.axis, baseline=base,
-                         alpha=comp.alpha, mode=mode, friedman=None, rows=[])
+                         alpha=comp.alpha, mode=mode, friedman=None, rows=[], scope=scope)
     if "seed" not in blocks:
         out.why = "the runs have no seed column, so seeds cannot be matched; the unpaired tests below apply."
         return out
@@ -74,12 +67,13 @@ def analyze(df: pd.DataFrame, comp: Comparison, blocks: Sequence[str] = ("seed",
         return out
     tested = [g.value for g in comp.groups if len(values.get(g.value, {})) >= 2]
     out.design = "paired"
+    out.values = {g: values[g] for g in tested}
     out.why = _why(values, tested, blocks, out.notes, comp.axis)
     out.friedman = _friedman(values, tested, comp, out.notes)
     if base is None or base not in tested:
         out.notes.append("no baseline with at least 2 seeds: no paired comparisons and no verdicts")
         return out
-    out.rows = _pairs(values, tested, comp, mode)
+    out.rows = _pairs(values, tested, comp, mode, margin)
     return out
 
 
@@ -157,54 +151,31 @@ def snap(d: np.ndarray, scale: float) -> np.ndarray:
     return np.round(d, 11 - math.floor(math.log10(scale)))
 
 
-def _pairs(values: dict, tested: list, comp: Comparison, mode: str) -> list[PairedRow]:
+def _pairs(values: dict, tested: list, comp: Comparison, mode: str, margin: Margin | None) -> list[PairedRow]:
     base = comp.baseline
-    variants = [g for g in tested if g != base]
-    pairs = []
-    for g in variants:
+    rows = []
+    for g in [g for g in tested if g != base]:
         common = sorted(set(values[g]) & set(values[base]), key=order_key)
         d = snap(np.array([values[g][b] - values[base][b] for b in common]),
                  max((abs(values[x][b]) for x in (g, base) for b in common), default=0.0))
-        pairs.append((g, common, d, float(np.mean([values[base][b] for b in common])) if common else math.nan))
-    testable = [i for i, (_, common, _, _) in enumerate(pairs) if len(common) >= 2]
-    perm = {i: sign_flip_test(pairs[i][2], comp.n_resamples, comp.seed) for i in testable}
-    wil = {i: wilcoxon(pairs[i][2]) for i in testable}
-    perm_holm = dict(zip(testable, holm([perm[i][0] for i in testable], comp.alpha)[0]))
-    wil_holm = dict(zip(testable, holm([wil[i][1] for i in testable], comp.alpha)[0]))
-    min_ps = dict(zip(testable, holm_min_p([sign_flip_min_p(len(pairs[i][1]), comp.n_resamples)
-                                           for i in testable])))
-    m = len(testable)
-    rows = []
-    for i, (g, common, d, base_mean) in enumerate(pairs):
-        rows.append(_row(g, i, common, d, base_mean, comp, mode, m, perm.get(i), wil.get(i),
-                         perm_holm.get(i, math.nan), wil_holm.get(i, math.nan), min_ps.get(i, math.nan)))
-    return rows
+        base_mean = float(np.mean([values[base][b] for b in common])) if common else math.nan
+        rows.append(_row(g, common, d, base_mean, comp))
+    family = Family(BASELINE, sum(1 for r in rows if r.n >= 2), comp.alpha)
+    return decide_rows(rows, family, mode, margin, n_resamples=comp.n_resamples, seed=comp.seed)
 
 
-def _row(g, index: int, common: list, d: np.ndarray, base_mean: float, comp: Comparison, mode: str, m: int,
-         perm, wil, p_perm_holm: float, p_wil_holm: float, min_p_holm: float) -> PairedRow:
+def _row(g, common: list, d: np.ndarray, base_mean: float, comp: Comparison) -> PairedRow:
+    """One comparison's own numbers; its interval, verdict and family-wide p come from ``decide_rows``."""
     nan = math.nan
     n = len(d)
     mean = float(np.mean(d)) if n else nan
     sd = float(np.std(d, ddof=1)) if n > 1 else nan
-    ci = (nan, nan)
-    if n > 1 and np.all(d == d[0]):
-        ci = (float(d[0]), float(d[0]))
-    elif n > 1:
-        ci = bootstrap_ci(np.sort(d), comp.confidence, comp.n_resamples, comp.seed + 1000 + index)
     rel = 100.0 * mean / abs(base_mean) if n and base_mean == base_mean and base_mean != 0 else nan
     dz = mean / sd if n > 1 and sd > 0 else nan
-    mde = nan
-    if n > 1:
-        mde_dz = power.mde_dz(n, m, comp.alpha, POWER_TARGET)
-        mde = math.inf if not math.isfinite(mde_dz) else mde_dz * sd
-    mde_pct = 100.0 * mde / abs(base_mean) if math.isfinite(mde) and base_mean == base_mean and base_mean else (
-        math.inf if mde == math.inf else nan)
-    p_perm, perm_method, _ = perm if perm else (nan, "", 0)
-    w_plus, p_wil, wil_method, zeros = wil if wil else (nan, nan, "", 0)
-    v = verdicts.verdict(n, mean, p_perm_holm, min_p_holm, comp.alpha, mode)
+    p_perm, perm_method, _ = sign_flip_test(d, comp.n_resamples, comp.seed) if n >= 2 else (nan, "", 0)
+    w_plus, p_wil, wil_method, zeros = wilcoxon(d) if n >= 2 else (nan, nan, "", 0)
     return PairedRow(variant=g, n=n, seeds=tuple(common), base_mean=base_mean, diff_mean=mean, diff_pct=rel,
-                     diff_sd=sd, d_z=dz, ci_low=ci[0], ci_high=ci[1], confidence=comp.confidence, p_perm=p_perm,
-                     p_perm_holm=p_perm_holm, perm_method=perm_method, w_plus=w_plus, p_wilcoxon=p_wil,
-                     p_wilcoxon_holm=p_wil_holm, wilcoxon_method=wil_method, zeros=zeros,
-                     min_p_holm=min_p_holm, mde=mde, mde_pct=mde_pct, verdict=v)
+                     diff_sd=sd, d_z=dz, ci_low=nan, ci_high=nan, confidence=nan, p_perm=p_perm,
+                     p_perm_holm=nan, perm_method=perm_method, w_plus=w_plus, p_wilcoxon=p_wil,
+                     p_wilcoxon_holm=nan, wilcoxon_method=wil_method, zeros=zeros, min_p_holm=nan, mde=nan,
+                     mde_pct=nan, verdict=verdicts.UNTESTED, diffs=tuple(float(x) for x in d))

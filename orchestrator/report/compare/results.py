@@ -104,9 +104,9 @@ class PairedRow:
     diff_pct: float  # 100 diff_mean / |base_mean|
     diff_sd: float
     d_z: float  # diff_mean / diff_sd
-    ci_low: float  # bootstrap CI of the mean difference
+    ci_low: float  # the verdict's interval of the mean difference (``orchestrator.report.compare.decisions``)
     ci_high: float
-    confidence: float
+    confidence: float  # its level: 1 - alpha / (the family's size)
     p_perm: float  # paired sign-flip permutation test (the verdict's test)
     p_perm_holm: float
     perm_method: str
@@ -119,6 +119,34 @@ class PairedRow:
     mde: float  # true mean difference found with 80% power at this n (inf: unreachable)
     mde_pct: float
     verdict: str
+    diffs: tuple = ()  # the per-seed differences, in seed order
+    method: str = ""  # the interval's: "t ∪ sign-flip" (fixed n) or the confidence sequence
+    family_size: int = 0  # comparisons in its family (Bonferroni)
+    margin: float = float("nan")  # the absolute equivalence margin (NaN: none)
+    within_margin: bool = False  # a better/worse interval that also lies inside the margin
+
+
+@dataclass(frozen=True)
+class PairComparison:
+    """Two non-baseline variants compared on the seeds both have (the all-pairs family)."""
+
+    scope: str
+    a: Hashable
+    b: Hashable
+    n: int
+    diff_mean: float  # mean of a - b per seed
+    diff_sd: float
+    d_z: float
+    ci_low: float
+    ci_high: float
+    confidence: float
+    method: str
+    family_size: int
+    p_perm: float
+    p_perm_holm: float
+    margin: float
+    verdict: str  # better / worse: a than b
+    within_margin: bool
 
 
 @dataclass(frozen=True)
@@ -147,6 +175,9 @@ class PairedAnalysis:
     friedman: FriedmanResult | None
     rows: list[PairedRow]
     notes: list[str] = field(default_factory=list)
+    values: dict = field(default_factory=dict)  # variant -> {block: metric}: the samples the rows pair
+    pairs: list[PairComparison] = field(default_factory=list)  # the all-pairs family's rows of this table
+    scope: str = "all"
 
     @property
     def paired(self) -> bool:

@@ -27,6 +27,8 @@ def magnitude_pct(x: float) -> str:
 
 
 def _mde(r) -> str:
+    if r.mde != r.mde:
+        return "-"  # a confidence sequence: its seeds were added until decided, no fixed-n power
     return "not reachable" if r.mde == float("inf") else f"{_f(r.mde)} ({magnitude_pct(r.mde_pct)})"
 
 
@@ -81,14 +83,20 @@ def _posthoc_table(self: Comparison, digits: int) -> list[str]:
 
 
 def verdict_lines(self: PairedAnalysis) -> list[str]:
-    """The verdicts in words, one bullet per variant."""
+    """The verdicts in words, one bullet per variant, then the all-pairs family's."""
     if not self.paired or self.baseline is None:
         return [f"- No verdicts: {self.why}"]
+    m = self.rows[0].family_size if self.rows else 0
+    method = self.rows[0].method if self.rows else ""
     head = (f"At alpha {self.alpha:g}, {verdicts.direction_words(self.mode)} for `{cell(self.metric)}`; "
-            f"each variant against `{cell(self.baseline)}` on the seeds both have (paired "
-            f"permutation test of the mean difference, Holm over {len(self.rows)} comparison(s)):")
-    return [head, ""] + [verdicts.sentence(r, self.baseline, self.alpha, self.mode, len(self.rows))
-                         for r in self.rows]
+            f"each variant against `{cell(self.baseline)}` on the seeds both have, read off its interval "
+            f"({method}) at the baseline family's level (Bonferroni over {m} comparison(s) of this report):")
+    lines = [head, ""] + [verdicts.sentence(r, self.baseline, self.alpha, self.mode, max(1, m)) for r in self.rows]
+    if self.pairs:
+        lines += ["", f"All pairs of variants (difference = first - second per seed; their own family, Bonferroni "
+                  f"over {self.pairs[0].family_size} pair(s) of this report):", ""]
+        lines += [verdicts.pair_sentence(p, self.alpha) for p in self.pairs]
+    return lines
 
 def paired_markdown(self: PairedAnalysis) -> str:
     lines = [f"Design: {self.design}. {self.why}", ""]
@@ -112,8 +120,8 @@ def _friedman_line(self: PairedAnalysis) -> str:
     return line
 
 def _tables(self: PairedAnalysis) -> list[str]:
-    level = f"{self.rows[0].confidence * 100:g}%"
-    effects = table(["variant", "seeds", "baseline mean", "mean diff", "change", f"{level} CI (diff)",
+    level = f"{self.rows[0].confidence * 100:.4g}%"
+    effects = table(["variant", "seeds", "baseline mean", "mean diff", "change", f"{level} interval (diff)",
                      "sd (diff)", "d_z", "MDE (80% power)"],
                     [[cell(r.variant), str(r.n), _f(r.base_mean), _f(r.diff_mean), pct(r.diff_pct, "nan"),
                       f"[{_f(r.ci_low)}, {_f(r.ci_high)}]", _f(r.diff_sd), _f(r.d_z),
@@ -124,9 +132,10 @@ def _tables(self: PairedAnalysis) -> list[str]:
                     _f(r.p_wilcoxon), _f(r.p_wilcoxon_holm),
                     cell(r.wilcoxon_method + (f", {r.zeros} zero(s) dropped" if r.zeros else "")),
                     _f(r.min_p_holm), r.verdict] for r in self.rows])
-    return (["Paired effects (difference = variant - baseline per seed; CI: percentile bootstrap "
-             "of the mean difference; d_z = mean / sd of the differences; MDE: the true mean "
-             "difference the permutation test finds with 80% power at this n, Holm over the "
-             "comparisons, given the observed sd):", ""] + effects
-            + ["", "Paired tests (two-sided; Holm within each test over the comparisons with the "
-               "baseline; min p (Holm): the smallest adjusted p these seeds can reach):", ""] + tests)
+    method = self.rows[0].method
+    return ([f"Paired effects (difference = variant - baseline per seed; interval: {method} of the mean "
+             "difference at the family's Bonferroni level, the one the verdict is read off; d_z = mean / sd of the "
+             "differences; MDE: the true mean difference that interval excludes with 80% power at this n, given "
+             "the observed sd):", ""] + effects
+            + ["", "Paired tests (two-sided, supporting numbers; Holm within each test over the report's baseline "
+               "family; min p (Holm): the smallest adjusted p these seeds can reach):", ""] + tests)

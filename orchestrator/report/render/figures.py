@@ -1,5 +1,6 @@
-"""PNG plots of a sweep report: loss curves, per-seed final metric, metric against depth and
-router heatmaps (``make_plots`` draws all of them from the report's runs frame).
+"""PNG plots of a sweep report: loss curves, per-seed final metric, metric against depth, router
+heatmaps, the spread maps of token-dependent routers and the retrieval curves of Figure 9
+(``render/retrieval.py``); ``make_plots`` draws all of them from the report's runs frame.
 
 Same rules as ``orchestrator.analysis.plots`` (whose router heatmap the report reuses): a bare
 ``Figure`` on the Agg canvas (no pyplot, no display, no global state), matplotlib's default style
@@ -28,6 +29,7 @@ from orchestrator.analysis.plots import plot_router_map  # noqa: E402
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value, slug, to_float  # noqa: E402
 from orchestrator.core.status import TrialStatus  # noqa: E402
 from orchestrator.core.tracking import quiet_downloads  # noqa: E402
+from orchestrator.report.render.retrieval import retrieval_plots, spread_plots  # noqa: E402
 
 __all__ = ["Curve", "aggregate_curves", "plot_curves", "plot_final", "plot_depth",
            "router_map_from_npz", "mean_router_map", "router_maps", "make_plots", "finished"]
@@ -281,13 +283,16 @@ def make_plots(cl, df, histories: Mapping[str, Mapping[str, tuple[np.ndarray, np
                    f"{name}: {metric} against depth")
         plots.append((f"{metric} against depth (mean ± std over seeds)", "depth.png"))
 
-    maps, notes = router_maps(cl, {lab: list(part["run_id"]) for lab, part in cells.items()})
+    runs = {lab: list(part["run_id"]) for lab, part in cells.items()}
+    maps, notes = router_maps(cl, runs)
     for lab in labels:
         if lab in maps:
             m, n = maps[lab]
             fname = f"router_{slug(lab)}.png"
             plot_router_map(m, out_dir / fname, title=f"{lab}: mean |w| by source layer (n={n})")
             plots.append((f"Router source map of {lab} (mean over {n} seed(s))", fname))
+    plots += spread_plots(cl, runs, labels, out_dir)  # token-dependent routers: their spread over tokens
+    plots += retrieval_plots(maps, labels, out_dir, name)  # the paper's Figure 9 curves
     return plots, notes
 
 

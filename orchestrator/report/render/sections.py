@@ -10,6 +10,9 @@ import pandas as pd
 
 from orchestrator.core.fmt import cell_text, norm_value, num, order_key, same_value
 from orchestrator.core.status import TrialStatus
+from orchestrator.decide.families import FAMILY_NOTE
+from orchestrator.decide.intervals import HULL
+from orchestrator.decide.sequential import METHOD as CS
 from orchestrator.report import efficiency
 from orchestrator.report.compare import tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
@@ -46,11 +49,16 @@ class ReportData:
     notes: list[str] = field(default_factory=list)
     extra: list[str] = field(default_factory=list)  # sections built elsewhere (iso-FLOP, scaling)
     search: list[str] = field(default_factory=list)  # a search sweep's "Search" section
+    families: Any = None  # ``decisions.Families``: the report's two families and the kind of interval
+    margin: Any = None  # the equivalence margin of the metric (``orchestrator.decide.verdict.Margin``) or None
+    sequential: list[str] = field(default_factory=list)  # the "Sequential seeds" section
+    evidence: str = "screening"  # "screening" (one sweep) or "pooled" (``lime report --pool``)
+    iso: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (metric, diff) at equal FLOPs
 
 
 def markdown(r: ReportData) -> str:
-    parts = (header, search_section, results, verdict_section, statistics, tuning_section, paper_section, trials,
-             results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
+    parts = (header, search_section, results, verdict_section, sequential_section, statistics, tuning_section,
+             paper_section, trials, results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
     return "\n".join(line for part in parts for line in part(r)) + "\n"
 
 
@@ -98,10 +106,13 @@ def baseline_setup(df: pd.DataFrame, axis: str, baseline: Any, tuned: tuning.Tun
 
 def results(r: ReportData) -> list[str]:
     lines = ["", "## Results", ""]
-    lines += tables.paper_table([row for row in r.rows if row["scope"] == "all"], r.comp.confidence)
+    rows = [row for row in r.rows if row["scope"] == "all"]
+    if len(rows) >= 3:  # a field of variants: ranked first, by the metric and by it at equal compute
+        lines += ["### Ranking", ""] + tables.ranking_table(rows, r.iso, r.mode, r.metric) + ["", "### All numbers", ""]
+    lines += tables.paper_table(rows, r.comp.confidence)
     pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
     tuned = f" Each variant at its chosen `{r.tuned.axis}` (see Tuning)." if r.tuned else ""
-    return lines + ["", "Mean, std and the percentile-bootstrap CI are over finished seeds. Step time is the "
+    return lines + ["", "Mean, std and Student's t CI of the mean are over finished seeds. Step time is the "
                     f"median `perf/step_time_ms` of a run, peak memory {memory_text(r.sdf)}, params "
                     "`model/params`; each is averaged over the finished seeds of a variant. Changes are "
                     "relative to the baseline's mean." + pooled + tuned]
@@ -121,7 +132,33 @@ def memory_text(df) -> str:
 
 
 def verdict_section(r: ReportData) -> list[str]:
-    return ["", "## Verdicts", "", *verdict_lines(r.paired)]
+    return ["", "## Verdicts", "", *decision_rules(r), "", *verdict_lines(r.paired)]
+
+
+def decision_rules(r: ReportData) -> list[str]:
+    """How the verdicts were reached: the interval, the families, the margin, screening or pooled."""
+    fam = r.families
+    if fam is None or not r.paired.paired:
+        return []
+    kind = (f"the anytime-valid {CS} (the seeds were added in waves until decided, so a fixed-n interval would "
+            "not hold)" if fam.sequential else "the hull of Student's t interval and the inverted exact sign-flip "
+            f"test ({HULL}: it excludes 0 only when both tests reject)")
+    margin = (f"Equivalence margin: +-{r.margin.text()}" + (" of the baseline's mean" if r.margin.relative else "")
+              + " (`report.margin`); a verdict \"equivalent within margin\" is an interval inside it."
+              if r.margin is not None else "No equivalence margin (`report.margin`) is set, so no verdict says two "
+              "variants match: an interval that holds 0 is \"not decided\", not \"no difference\".")
+    evidence = ("Screening: every verdict comes from this one sweep; confirm a chosen variant on fresh seeds, or "
+                "pool pre-registered comparisons of several sweeps with one correction (`lime report --pool`)."
+                if r.evidence == "screening" else "Pooled: the comparisons of the sweeps named in the header, one "
+                "family over all of them.")
+    return [f"- Each verdict is read off its printed interval of the mean per-seed difference: {kind}.",
+            f"- Families ({FAMILY_NOTE}): {fam.baseline.text()}"
+            + (f"; {fam.pairs.text()}" if fam.pairs.size else "") + ".",
+            f"- {margin}", f"- {evidence}"]
+
+
+def sequential_section(r: ReportData) -> list[str]:
+    return r.sequential
 
 
 def statistics(r: ReportData) -> list[str]:
@@ -199,7 +236,7 @@ def reproducibility(r: ReportData) -> list[str]:
     lines = ["", "## Reproducibility", "",
              f"- Git commit(s): {', '.join(f'`{s}`' for s in shas) if shas else '(not logged)'}",
              f"- Seeds: {', '.join(str(s) for s in seeds) if seeds else '(none)'}",
-             f"- Statistics seed: {r.comp.seed}; bootstrap and permutation resamples: {r.comp.n_resamples}; "
+             f"- Statistics seed: {r.comp.seed}; permutation resamples: {r.comp.n_resamples}; "
              f"power simulations: seed 0, {power.SIMS} simulated sweeps per value",
              "- Libraries: " + ", ".join(f"{k} {v}" for k, v in r.libraries.items()),
              "", f"Sweep file ({sf.source}):", ""]

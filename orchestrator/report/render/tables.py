@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from orchestrator.core.fmt import cell_text, natural_key, norm_value, num, order_key, pct, same_value, sci, table
+from orchestrator.core.fmt import cell, cell_text, natural_key, norm_value, num, order_key, pct, same_value, sci, table
 from orchestrator.core.status import TrialStatus
 from orchestrator.report.compare import verdicts
 from orchestrator.report.compare.across_seeds import Comparison
@@ -93,6 +93,32 @@ def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[st
                   "peak MB", "memory change", "params", "params change"], body)
 
 
+def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]], mode: str,
+                  metric: str) -> list[str]:
+    """The variants ranked by the metric's mean, beside their rank at the baseline's training FLOPs
+    (``iso``: the iso-FLOP comparison's value at that budget; "-" where a variant's runs end before
+    it), their verdict against the baseline, step time and training memory."""
+    sign = 1.0 if mode == "min" else -1.0
+    ranked = sorted(rows, key=lambda r: (sign * r["mean"] if math.isfinite(r["mean"]) else math.inf,
+                                         order_key(r["variant"])))
+    at_budget = {k: v for k, v in iso.items() if math.isfinite(v[0])}
+    iso_rank = {k: i + 1 for i, (k, _) in enumerate(sorted(at_budget.items(), key=lambda kv: (sign * kv[1][0], kv[0])))}
+    body = []
+    for i, r in enumerate(ranked):
+        key = str(r["variant"])
+        name = cell_text(r["variant"]) + (" (baseline)" if r["baseline"] else "")
+        v = at_budget.get(key)
+        body.append([str(i + 1), name, num(r["mean"]), pct(r["change_pct"]), str(r.get("verdict") or "-"),
+                     str(iso_rank[key]) if key in iso_rank else "-", num(v[0]) if v else "-",
+                     pct(r["step_time_change_pct"]), pct(r["peak_mem_change_pct"])])
+    note = (f"Rank by the mean `{cell(metric)}` over seeds ({'lower' if mode == 'min' else 'higher'} is better); "
+            "equal-FLOPs rank: by `val/loss` at the baseline's final training FLOPs (the Iso-FLOP comparison "
+            "below; '-': the variant's runs end before that budget, or no curve was logged); the verdict is "
+            "the one of the Verdicts section, read off its interval.")
+    return table(["rank", "variant", "mean", "change", "verdict", "rank at equal FLOPs", "val/loss at the "
+                  "baseline's FLOPs", "step change", "memory change"], body) + ["", note]
+
+
 def left_out(df: pd.DataFrame, metric: str, axis: str) -> list[dict[str, Any]]:
     """Trials that are not samples: not finished, or finished without a finite metric."""
     out = []
@@ -153,25 +179,42 @@ def compute_table(df: pd.DataFrame, labels: list[str]) -> list[str]:
     return table(["variant", "trials", "tokens", "FLOPs (3 x forward)", "wall time (s)"], rows)
 
 
+# diff_ci_low/high: the verdict's interval at ci_level (before issue 25 a 95% percentile bootstrap);
+# p_perm_holm, p_wilcoxon_holm, min_p_holm: Holm over the report's whole baseline family
 PAIRED_COLUMNS = ("verdict", "design", "n_pairs", "diff_mean", "diff_pct", "diff_sd", "d_z", "diff_ci_low",
                   "diff_ci_high", "p_perm", "p_perm_holm", "p_wilcoxon", "p_wilcoxon_holm", "min_p_holm", "mde",
-                  "mde_pct", "alpha", "better")
+                  "mde_pct", "alpha", "better", "ci_level", "ci_method", "family", "family_size", "margin",
+                  "within_margin", "seeds_design", "evidence")
 
 
-def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis) -> None:
+def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis, evidence: str = "screening (one sweep)",
+                       sequential: bool = False) -> None:
     """The paired comparison and verdict of each variant, as summary.csv columns (in place)."""
     nan = math.nan
     for row in rows:
         vals = dict.fromkeys(PAIRED_COLUMNS, nan)
         vals.update(design=pa.design, alpha=pa.alpha, better="lower" if pa.mode == "min" else "higher",
-                    verdict=verdicts.BASELINE if row["baseline"] else verdicts.UNTESTED)
+                    verdict=verdicts.BASELINE if row["baseline"] else verdicts.UNTESTED,
+                    seeds_design="sequential" if sequential else "fixed", evidence=evidence)
         hit = [r for r in pa.rows if same_value(r.variant, row["variant"])]
         if hit:
             r = hit[0]
             vals.update(verdict=r.verdict, n_pairs=r.n, diff_mean=r.diff_mean, diff_pct=r.diff_pct,
                         diff_sd=r.diff_sd, d_z=r.d_z, diff_ci_low=r.ci_low, diff_ci_high=r.ci_high,
                         p_perm=r.p_perm, p_perm_holm=r.p_perm_holm, p_wilcoxon=r.p_wilcoxon,
-                        p_wilcoxon_holm=r.p_wilcoxon_holm, min_p_holm=r.min_p_holm, mde=r.mde, mde_pct=r.mde_pct)
+                        p_wilcoxon_holm=r.p_wilcoxon_holm, min_p_holm=r.min_p_holm, mde=r.mde, mde_pct=r.mde_pct,
+                        ci_level=r.confidence, ci_method=r.method, family="baseline", family_size=r.family_size,
+                        margin=r.margin, within_margin=r.within_margin)
         elif not pa.paired and not row["baseline"]:
             vals["verdict"] = "no verdict (unpaired design)"
         row.update(vals)
+
+
+def pair_rows(pa: PairedAnalysis, metric: str, evidence: str = "screening (one sweep)") -> list[dict[str, Any]]:
+    """The all-pairs family's rows of one table, as pairs.csv rows (the same column names as summary.csv)."""
+    return [{"scope": p.scope, "metric": metric, "axis": pa.axis, "a": norm_value(p.a), "b": norm_value(p.b),
+             "verdict": p.verdict, "n_pairs": p.n, "diff_mean": p.diff_mean, "diff_sd": p.diff_sd, "d_z": p.d_z,
+             "diff_ci_low": p.ci_low, "diff_ci_high": p.ci_high, "ci_level": p.confidence, "ci_method": p.method,
+             "family": "all-pairs", "family_size": p.family_size, "p_perm": p.p_perm, "p_perm_holm": p.p_perm_holm,
+             "margin": p.margin, "within_margin": p.within_margin, "alpha": pa.alpha,
+             "better": "lower" if pa.mode == "min" else "higher", "evidence": evidence} for p in pa.pairs]

@@ -38,11 +38,12 @@ class ScalingSection:
     lines: list[str] = field(default_factory=list)  # markdown: iso-FLOP, then scaling
     metrics: dict[str, float] = field(default_factory=dict)
     plot: str | None = None
+    iso: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (metric at the budget, diff)
 
 
 def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str, baseline: Any, mode: str,
           factors: list[str], out_dir: Path, name: str, seed: int = 0,
-          n_boot: int | None = None) -> ScalingSection:
+          n_boot: int | None = None, margin: Any = None) -> ScalingSection:
     """The iso-FLOP and scaling sections of a report (see the module docstring)."""
     n_boot = fits.N_BOOT if n_boot is None else n_boot
     lines = build_lines(finished(df), metric, axis, baseline, factors)
@@ -52,6 +53,11 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
     samples = draws(lines, n_boot, seed)
     rows = isoflop.iso_rows(lines, histories, samples)
     out.lines += isoflop.section(rows, metric)
+    if not has_size_axis(lines) and len({r.line.label for r in rows}) == len(rows):  # one rung per line
+        for r in rows:
+            if math.isfinite(r.base_mean) and (r.line.is_baseline or math.isfinite(r.diff)):
+                out.iso[str(r.line.value)] = (r.base_mean + (0.0 if r.line.is_baseline else r.diff),
+                                              0.0 if r.line.is_baseline else r.diff)
     for r in rows:
         if not r.line.is_baseline and math.isfinite(r.diff):
             key = f"isoflop/{slug(r.line.label)}" + (f"/{slug(r.rung)}" if r.rung else "")
@@ -61,7 +67,7 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
     s = fits.analyze(lines, mode, seed, n_boot)
     views = depth.depth_views(lines, samples, mode) if depth.is_depth_ladder(lines) else []
     out.plot = plot_scaling(s, out_dir / PLOT, metric, f"{name}: {metric} scaling").name
-    out.lines += markdown.section(s, views, metric, axis, out.plot)
+    out.lines += markdown.section(s, views, metric, axis, out.plot, margin)
     out.metrics.update(fits.metrics(s, slug))
     for v in views:
         pre = f"scaling/{slug(v.line.label)}"

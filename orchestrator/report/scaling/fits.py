@@ -17,7 +17,10 @@ hold-out-rung check, effective compute multipliers against the baseline and cros
   every line, so variant and baseline stay paired); percentile 95% intervals.
 - **Multiplier** of a variant at compute C: the compute the baseline's curve needs to reach the
   variant's loss at C, over C; reported at each of the variant's measured rungs (C = that rung's
-  compute) and at its largest ("at max").
+  compute) and at its largest ("at max"). It is "not identifiable", with the reason, where it is
+  infinite (the variant's fitted loss lies below the baseline's fitted floor E: the fitted floors
+  cross, an extrapolation of two fits rather than evidence) or where more than ``INF_SHARE`` of its
+  bootstrap draws are infinite (an interval without a supported upper end).
 - **Hold-out**: the fit redone without the largest rung predicts that rung; the error is the
   prediction minus the measured mean. A 3-parameter fit needs >= 4 rungs, so the check needs
   >= 4 rungs too, and the refit on 3 rungs is then exactly determined.
@@ -40,6 +43,7 @@ N_BOOT = 200
 BOOT_FAIL_MAX = 0.10
 CONFIDENCE = 0.95
 CROSS_SPAN = 100.0  # crossovers are searched up to this factor beyond the largest compute
+INF_SHARE = 0.1  # a multiplier whose bootstrap has more infinite draws than this is not identifiable
 PARAMS = {"C": ("E", "A", "alpha"), "N": ("E", "A", "alpha"), "ND": ("E", "A", "a", "B", "b")}
 XCOL = {"C": "c", "N": "n"}
 WHAT = {"C": "compute C", "N": "parameters N"}
@@ -85,6 +89,7 @@ class Versus:
     cross_share: float = math.nan  # share of resamples whose curves cross in the window
     window: tuple[float, float] = (math.nan, math.nan)
     reason: str | None = None
+    unidentified: dict[str, str] = field(default_factory=dict)  # rung label -> why its multiplier is not identifiable
 
 
 @dataclass
@@ -259,8 +264,18 @@ def versus(var: LineResult, base: LineResult) -> Versus:
     base_max = max(r.c for r in base.line.rungs)
     for r in var.line.rungs:
         m = multiplier(fb.law, fv.law, r.c)
-        lo, hi = quantiles([multiplier(b, v, r.c) for b, v in pairs])
+        boot = [multiplier(b, v, r.c) for b, v in pairs]
+        lo, hi = quantiles(boot)
         out.at.append((r.label, r.c, m, lo, hi, m * r.c > base_max))
+        share = sum(math.isinf(x) for x in boot) / len(boot) if boot else 0.0
+        if math.isinf(m):
+            out.unidentified[r.label] = (
+                f"the variant's fitted loss there ({num(float(fv.law.predict(r.c)), 4)}) is below the baseline's "
+                f"fitted floor E = {num(fb.law.E, 4)}: the fitted floors cross, so the infinity is an extrapolation "
+                "of two fits, not evidence")
+        elif share > INF_SHARE:
+            out.unidentified[r.label] = (f"{100 * share:.0f}% of the bootstrap draws are infinite (more than "
+                                         f"{100 * INF_SHARE:.0f}%): the interval has no upper end the data support")
     lo_c = min(min(r.c for r in var.line.rungs), min(r.c for r in base.line.rungs))
     hi_c = max(max(r.c for r in var.line.rungs), base_max) * CROSS_SPAN
     out.window = (lo_c, hi_c)
@@ -305,7 +320,7 @@ def metrics(s: Scaling, slug) -> dict[str, float]:
             out[f"{pre}/holdout_error"], out[f"{pre}/holdout_error_pct"] = h.error, h.error_pct
     for v in s.versus:
         pre = f"scaling/{slug(v.line.label)}"
-        if v.at:
+        if v.at and v.at[-1][0] not in v.unidentified:
             _, c, m, lo, hi, _ = v.at[-1]
             out.update({f"{pre}/multiplier_at_max": m, f"{pre}/multiplier_at_max_ci_low": lo,
                         f"{pre}/multiplier_at_max_ci_high": hi, f"{pre}/multiplier_at_max_flops": c})

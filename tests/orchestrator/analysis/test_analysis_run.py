@@ -67,3 +67,31 @@ def test_end_of_trial_analysis_and_cli(tmp_path, mlflow_uri):
     assert (out / "analysis.md").read_text().count("| lime |") == 2
     assert (out / "value_entropy.png").stat().st_size > 0
     assert main(["analyze", str(tmp_path / "nope")]) == 2
+
+
+def test_dynamic_router_trial_maps_and_cli_routes(tmp_path, mlflow_uri):
+    """A dynamic router's end-of-trial artifacts hold its mixing averaged over validation tokens
+    and its spread; ``lime analyze`` lists its strongest routes with tokens and key lenses."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.cli import main
+
+    cfg = TrialConfig.from_dict({
+        "preset": "tiny", "model": {"router": "dynamic", "n_layers": 3, "n_kv_heads": 2},
+        "train": {"steps": 4, "batch_size": 2, "seq_len": 32, "log_interval": 2, "eval_batches": 2,
+                  "checkpoint_dir": str(tmp_path / "ck")}})
+    res = run_trial(cfg, tracking=Tracking(experiment="dyn"))
+    cl = MlflowClient(mlflow_uri)
+    arts = {a.path for a in cl.list_artifacts(res.run_id)}
+    assert {"router_weights.npz", "router_heatmap.png", "router_spread.npz", "router_spread_heatmap.png"} <= arts
+    with np.load(cl.download_artifacts(res.run_id, "router_spread.npz", str(tmp_path))) as z:
+        assert z["spread"].shape == (3, 3) and int(z["tokens"]) == 2 * 2 * 32 and z["spread"][1:].max() > 0
+    with np.load(cl.download_artifacts(res.run_id, "router_weights.npz", str(tmp_path))) as z:
+        rows = z["layer_2"].sum(-1)  # a convex mix per routed head at each token, so also on average
+        np.testing.assert_allclose(rows, np.ones(2), rtol=1e-5)
+    out = tmp_path / "out"
+    assert main(["analyze", f"dyn={tmp_path / 'ck'}", "--out", str(out), "--sequences", "4", "--routes", "3"]) == 0
+    md = (out / "analysis.md").read_text()
+    assert "## dyn: strongest routes" in md and "tokens where it fires" in md and md.count("| 2 |") >= 1
+    assert (out / "router_spread_dyn.png").stat().st_size > 0
+    assert main(["analyze", str(tmp_path / "ck"), "--routes", "-1"]) == 2

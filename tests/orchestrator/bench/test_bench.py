@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from orchestrator.bench import step
-from orchestrator.bench.shapes import DEPTH_MIXES, PEER, QUICK_SHAPES, Shape, bench_routers
+from orchestrator.bench.shapes import DECODE_ROUTERS, DEPTH_MIXES, PEER, QUICK_SHAPES, Shape, bench_routers
 from orchestrator.bench.suite import run_bench
 from orchestrator.bench.timing import median_ci, paired_times
 
@@ -24,7 +24,7 @@ def test_quick_bench_end_to_end(tmp_path):
     # the paper's peer architectures (Table 17): a depth mix over the none router, no target
     peers = [r for r in rows if r["depth_mix"] != "none"]
     assert {(r["depth_mix"], r["shape"]) for r in peers} == {(d, s.name) for d in DEPTH_MIXES for s in QUICK_SHAPES}
-    assert {"denseformer", "hyper-connections"} <= set(DEPTH_MIXES)
+    assert {"denseformer", "hyper-connections", "mhc", "attn-res", "attn-res-block", "mudd"} <= set(DEPTH_MIXES)
     for r in peers:
         assert r["router"] == "none" and r["verdict"] == "peer" and r["target_pct"] == ""
         assert float(r["flop_overhead_pct"]) > 0 and float(r["mem_ratio"]) > 0 and float(r["step_ms"]) > 0
@@ -40,7 +40,8 @@ def test_quick_bench_end_to_end(tmp_path):
             assert r["verdict"].startswith(("pass", "fail")) and float(r["target_pct"]) >= 1.0
     with open(tmp_path / "decode.csv") as f:
         dec = list(csv.DictReader(f))
-    assert {(d["router"], d["batch"]) for d in dec} == {(r, b) for r in ("none", "full", "first-4") for b in ("1", "8")}
+    assert {(d["router"], d["batch"]) for d in dec} == {(r, b) for r in DECODE_ROUTERS for b in ("1", "8")}
+    assert {"none", "full", "first-4", "dynamic"} <= set(DECODE_ROUTERS)
     for d in dec:
         assert float(d["tok_s"]) > 0
         base = next(x for x in dec if x["router"] == "none" and x["batch"] == d["batch"])
@@ -49,6 +50,15 @@ def test_quick_bench_end_to_end(tmp_path):
     for needle in ("torch", "threads", "cpu", "Table 17", "Decode", "checks pass"):
         assert needle in md
     assert len(out["rows"]) == len(rows) and out["checks"]
+    # the dynamic routers beside the static router of the same sources
+    twins = {(r["router"], r["static_twin"]) for r in rows if r["static_twin"]}
+    assert twins == {("dynamic", "full"), ("dynamic-first-4", "first-4"), ("dynamic-last-4", "last-4")}
+    assert "| dynamic | full | L3-MHA | eager |" in md and "| dynamic-first-4 | first-4 | L3-GQA | eager |" in md
+    for r in rows:  # the analytic routing memory: the dynamic kind keeps its queries on top of the K/V
+        if r["static_twin"]:
+            twin = next(t for t in rows if t["router"] == r["static_twin"] and t["shape"] == r["shape"]
+                        and t["impl"] == "buffer" and t["depth_mix"] == "none")
+            assert float(r["kept_mb"]) > float(twin["kept_mb"]) > 0
 
 
 def test_median_ci_is_the_sign_test_interval():

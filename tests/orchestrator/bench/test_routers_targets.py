@@ -30,7 +30,8 @@ def test_a_newly_registered_router_is_benchmarked_without_naming_it(tmp_path, mo
 
     out = run_bench(tmp_path, quick=True, shapes=(QUICK_SHAPES[1],), memory=False, decode=False)
     assert [r["label"] for r in out["rows"]] == ["none", "full", "early-3", "full/concat", "none+denseformer",
-                                                 "none+hyper-connections"]
+                                                 "none+hyper-connections", "none+hyper-connections-corl", "none+mhc",
+                                                 "none+attn-res", "none+attn-res-block", "none+mudd"]
     assert "early" not in ROUTERS  # the real registry is untouched
 
 

@@ -81,3 +81,17 @@ def test_names_are_what_mlflow_stores():
         ("sweep", "sweep_role", "trial_id", "status", "mlflow.parentRunId")
     assert (record.SWEEP_WALL, record.SLOTS, record.TRIAL_WALL) == ("sweep/wall_s", "sweep/slots", "trial/wall_s")
     assert record.REPORT == "sweep.report." and record.FINGERPRINT == "sweep.fingerprint"
+
+
+def test_the_decide_sweep_records_its_margin_and_waves(monkeypatch):
+    # written by hand from sweeps/default-decide.yaml: report.margin 0.5%, decide {max_seeds: 32, wave: 2}
+    monkeypatch.chdir(ROOT)
+    spec = load_spec("sweeps/default-decide.yaml")
+    params = sweep_record(spec).to_params()
+    assert params["sweep.report.margin"] == "0.5%"
+    assert (params["sweep.decide.max_seeds"], params["sweep.decide.wave"]) == ("32", "2")
+    s = ReportSettings.from_params(params)
+    assert s.margin == "0.5%" and s.decide == record.DecideRecord(max_seeds=32, wave=2)
+    waves = {**params, "sweep.decide.wave-2": "{}", "sweep.decide.wave-10": "{\"n\":{}}", "sweep.decide.wave-x": "?"}
+    assert list(record.decide_waves(waves)) == [2, 10]
+    assert ReportSettings.from_params({k: v for k, v in params.items() if "decide" not in k}).decide is None

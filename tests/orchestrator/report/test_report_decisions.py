@@ -86,10 +86,11 @@ def test_same_runs_same_bytes_with_every_new_section(tune_sweep):
 
 
 def test_pilot_reads_the_spread(tune_sweep, store):
-    sigma, level, note = pilot(TUNE, "final/val_loss")
+    spread = pilot(TUNE, "final/val_loss")
     # pilot blocks are (seed, lr): full - none is -0.3 at lr 0.001 and -0.1 at lr 0.003, 4 seeds each
-    assert sigma == pytest.approx(pd.Series([-0.3] * 4 + [-0.1] * 4).std())
-    assert level == pytest.approx(3.1) and "full" in note
+    sd, n = spread.per["full"]
+    assert sd == pytest.approx(pd.Series([-0.3] * 4 + [-0.1] * 4).std()) and n == 8
+    assert spread.level == pytest.approx(3.1) and TUNE in spread.source
     assert main(["plan", str(store[0] / "missing.yaml"), "--pilot", TUNE]) == 2
 
 

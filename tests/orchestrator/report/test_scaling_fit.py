@@ -203,3 +203,40 @@ def test_non_identifiable_lines_give_words_not_nan():
     assert "no multiplier: neither fit against compute is identifiable" in md
     assert "nan" not in md.lower()
     assert fits.metrics(s, lambda x: x) == {}
+
+
+def test_a_multiplier_whose_fitted_floors_cross_is_not_identifiable():
+    # the baseline's floor E = 2.0 lies above the variant's fitted loss at its rung (1.9 + ...), so
+    # the baseline never gets there: "inf" is the two fits' extrapolation, and the report says so
+    from types import SimpleNamespace as NS
+
+    from orchestrator.report.scaling.fits import versus
+    from orchestrator.report.scaling.laws import PowerLaw
+
+    base_law, var_law = PowerLaw(2.0, 1.0, 0.5, 1e12), PowerLaw(1.9, 1.0, 0.5, 1e12)
+    rung = NS(label="L8", c=1e16)
+    line = NS(rungs=[rung], label="full")
+    boot = [PowerLaw(2.0 + 0.01 * i, 1.0, 0.5, 1e12) for i in range(10)]
+    v = versus(NS(line=line, fits={"C": NS(law=var_law, boot=[var_law] * 10)}),
+               NS(line=NS(rungs=[rung], label="none"), fits={"C": NS(law=base_law, boot=boot)}))
+    assert math.isinf(v.at[0][2]) and "fitted floors cross" in v.unidentified["L8"]
+    # a finite multiplier with 30% of its draws at infinity is not identifiable either
+    low = PowerLaw(1.5, 1.0, 0.5, 1e12)
+    mixed = [low] * 7 + [base_law] * 3
+    w = versus(NS(line=line, fits={"C": NS(law=var_law, boot=[var_law] * 10)}),
+               NS(line=NS(rungs=[rung], label="none"), fits={"C": NS(law=low, boot=mixed)}))
+    assert math.isfinite(w.at[0][2]) and "30% of the bootstrap draws are infinite" in w.unidentified["L8"]
+
+
+def test_the_stated_bootstrap_coverage():
+    # the numbers the scaling section prints (markdown.COVERAGE_NOTE), by simulation of the same
+    # percentile bootstrap (999 resamples) of a mean of n normal seeds
+    from orchestrator.report.scaling.markdown import COVERAGE_NOTE
+    from orchestrator.report.stats.intervals import bootstrap_ci
+
+    rng = np.random.default_rng(0)
+    for n, stated in ((3, 0.76), (4, 0.79), (6, 0.87)):
+        d = rng.normal(size=(400, n))
+        cov = np.mean([lo <= 0 <= hi for lo, hi in (bootstrap_ci(x, 0.95, 999, i) for i, x in enumerate(d))])
+        assert abs(cov - stated) < 0.05, (n, cov)
+        assert f"{100 * stated:.0f}% at {n}" in COVERAGE_NOTE

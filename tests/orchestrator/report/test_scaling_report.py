@@ -128,7 +128,7 @@ def test_depth_view_matches_hand_computation(ladder):
     sc = section(ladder["md"], "Scaling")
     assert "### Depth (fixed width)" in sc
     # full at 16 layers: L_b(2 x 3 x 1.1 x 1.8e6 x 6400) = 2.3627 < none at 32 layers (2.391); at 8: 2.487
-    assert "`full` matches `none`'s 32-layer final/val_loss" in sc and "at 16 layers (2x shallower)" in sc
+    assert "`full` reaches `none`'s 32-layer final/val_loss" in sc and "at 16 layers (2x shallower)" in sc
     # the advantage L_b(C) - L_b(2.2 C) falls as C grows: it shrinks with depth
     diffs = [np.mean([final_loss("full", d, s) - final_loss("none", d, s) for s in range(4)]) for d in DEPTHS]
     slope = -np.polyfit(np.log2(DEPTHS), diffs, 1)[0]

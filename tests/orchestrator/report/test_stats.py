@@ -192,7 +192,8 @@ def test_group_summary_numbers():
     assert full.std == pytest.approx(math.sqrt((0.09 + 0.04 + 0.01 + 0.36) / 3))
     assert full.change_pct == pytest.approx(100 * (3.1 - 3.2) / 3.2)
     assert none.change_pct == 0.0
-    assert none.ci_low <= 3.2 <= none.ci_high and none.ci_low >= 3.0
+    # Student's t: 3.2 +- t(0.975, 2) 0.2 / sqrt(3) = 3.2 +- 4.3027 * 0.11547
+    assert (none.ci_low, none.ci_high) == pytest.approx((3.2 - 0.496828, 3.2 + 0.496828), abs=1e-6)
     frame_ = comp.to_frame()
     assert list(frame_["value"]) == ["none", "full"] and list(frame_["n"]) == [3, 4]
 
@@ -202,17 +203,13 @@ def test_change_pct_uses_absolute_baseline():
     assert comp.group("full").change_pct == pytest.approx(50.0)
 
 
-def test_bootstrap_deterministic_and_matches_scipy():
+def test_group_ci_is_scipys_t_interval_and_seed_free():
     full = [2.0, 2.5, 2.2, 2.1, 2.8, 2.4, 2.35, 2.05, 2.62, 2.71]
     df = frame({"none": [3.0, 3.3, 3.1, 2.9, 3.6, 3.2], "full": full})
-    a, b = compare(df, seed=7), compare(df, seed=7)
-    c = compare(df, seed=8)
-    ga, gb, gc = a.group("full"), b.group("full"), c.group("full")
-    assert (ga.ci_low, ga.ci_high) == (gb.ci_low, gb.ci_high)
-    assert (ga.ci_low, ga.ci_high) != (gc.ci_low, gc.ci_high)
-    ref = sps.bootstrap((np.sort(full),), np.mean, method="percentile",
-                        confidence_level=0.95, n_resamples=9999, rng=np.random.default_rng(7 + 1))
-    assert (ga.ci_low, ga.ci_high) == (ref.confidence_interval.low, ref.confidence_interval.high)
+    ga, gc = compare(df, seed=7).group("full"), compare(df, seed=8).group("full")
+    assert (ga.ci_low, ga.ci_high) == (gc.ci_low, gc.ci_high)
+    ref = sps.ttest_1samp(full, 0.0).confidence_interval(0.95)
+    assert (ga.ci_low, ga.ci_high) == pytest.approx((ref.low, ref.high), rel=1e-12)
 
 
 def test_row_order_does_not_change_the_report():
@@ -227,8 +224,7 @@ def test_row_order_does_not_change_the_report():
 
 def test_markdown_of_a_small_case_by_hand():
     # none 3.0 3.2 3.1, full 2.0 2.2 2.1 (+ a diverged full trial). Means 3.1 / 2.1, std 0.1 each,
-    # change (2.1 - 3.1) / 3.1 = -32.26%. With 2-3 samples every percentile-bootstrap resample
-    # set hits the all-min and all-max means more than 2.5% of the time, so the CI is [min, max].
+    # change (2.1 - 3.1) / 3.1 = -32.26%. Student's t CI: mean +- 4.3027 * 0.1 / sqrt(3) = +- 0.2484.
     # Ranks: full 1 2 3, none 4 5 6 -> H = 12/42 (15^2/3 + 6^2/3) - 21 = 27/7 = 3.857, df 1,
     # p = erfc(sqrt(H/2)) = 0.0495, epsilon^2 = H/5 = 0.771; exact permutation p: 2 of the
     # C(6,3) = 20 splits are as extreme -> 0.1. Mann-Whitney: U(full) = 0, U(none) = 9, exact
@@ -240,8 +236,8 @@ def test_markdown_of_a_small_case_by_hand():
 
 | value | n | mean | std | median | 95% CI (mean) | change vs baseline |
 |---|---|---|---|---|---|---|
-| none | 3 | 3.1 | 0.1 | 3.1 | [3, 3.2] | 0.00% |
-| full | 3 | 2.1 | 0.1 | 2.1 | [2, 2.2] | -32.26% |
+| none | 3 | 3.1 | 0.1 | 3.1 | [2.85, 3.35] | 0.00% |
+| full | 3 | 2.1 | 0.1 | 2.1 | [1.85, 2.35] | -32.26% |
 
 Kruskal-Wallis (tie-corrected): H = 3.86, df = 1, p = 0.0495 (chi-square), epsilon^2 = 0.771, \
 N = 6; permutation p = 0.1 (exact, 20 permutations).
@@ -262,7 +258,6 @@ Excluded trials:
 
 Notes:
 
-- percentile bootstrap CIs from fewer than 5 samples are too narrow; read them as descriptive
 - some tested group has fewer than 5 samples: the chi-square p of Kruskal-Wallis is unreliable, \
 use the exact permutation p
 - baseline: the smallest p-value these sample sizes can reach is 0.1, so no pair can reach p < 0.05

@@ -1,0 +1,156 @@
+"""mHC, manifold-constrained hyper-connections (Xie et al., arXiv 2512.24880; the residual of
+DeepSeek-V4), as a depth mix.
+
+Like Hyper-Connections (``lime_arch.depth_mix.peers``) the residual stream is n streams H
+(B, T, n, C), all the embedding output at first, summed before the final norm. Sublayer k
+(k = 2l attention, 2l + 1 MLP of layer l) reads and writes them through three per-token maps
+computed from ONE linear map of the flattened streams (the paper's Eqs. 7-8):
+  x'      = RMSNorm(vec(H))                                 (1, nC), no gain
+  H~pre   = a_pre  (x' phi_pre)  + b_pre                    (n,)
+  H~post  = a_post (x' phi_post) + b_post                   (n,)
+  H~res   = a_res  mat(x' phi_res) + b_res                  (n, n)
+  H_pre = sigmoid(H~pre),  H_post = g sigmoid(H~post),  H_res = SinkhornKnopp(exp(H~res))
+  h = H_pre H  (the sublayer's input),   H' = H_post^T sublayer(h) + H_res H
+with phi = [phi_pre | phi_post | phi_res] (nC, n(n+2)), scalars a, and biases b, per sublayer.
+Sinkhorn-Knopp alternates normalising the rows and the columns of the positive matrix, ``iters``
+times (the paper: 20); row i of H_res is what new stream i takes from the old streams, so the
+last (column) normalisation makes every old stream hand on exactly its whole mass.
+
+Arguments: ``mhc[-<rate>[-<iters>[-<post_gain>]]]``, defaults 4 streams, 20 iterations, g = 2.
+Where public ports differ, the choice is named:
+  - the factor 2 on H_post (``post_gain``): the paper and DeepSeek-V4's reference kernel have it,
+    Hugging Face transformers' DeepseekV4HyperConnection omits it: ``mhc-4-20-1``;
+  - the positive map before the Sinkhorn normalisation: the paper exponentiates (the reference
+    kernel's row softmax is the same thing followed by the first row normalisation), the
+    transformers port takes a sigmoid first and normalises after: ``mhc-sigmoid`` (same
+    arguments).
+  Left out from the ports: their small eps added to H_pre and inside the normalisations (a
+  kernel guard the paper does not state).
+
+Init (the paper gives the gating factors' init, 0.01 in its Table 5; for the rest this follows
+Hyper-Connections): phi = 0, a = 0.01, b_pre = e_{k mod n} (HC's static a_m, through the
+sigmoid), b_res = I_n (HC's A_r), b_post = 0 (so H_post = g/2 = 1, HC's b). Then every stream
+equals the baseline's residual stream: identical streams stay identical under any doubly
+stochastic H_res, and the sublayer reads c x with c = sum(H_pre) = sigmoid(1) + (n-1)/2, which the
+pre-norm maps to RMSNorm(x) with eps/c^2; the final norm sees n x (eps/n^2), as with HC. So step 0
+is the baseline up to the norm eps (exactly for g = 2 only); the asymmetric b_pre breaks the
+streams' symmetry, as HC's a_m does (with symmetric biases the streams would stay identical).
+
+Precision: the coefficients are computed in fp32 (or the streams' dtype if wider) with autocast
+off, as the paper prescribes; the streams mix in their own dtype (fp32 under bf16 autocast).
+Weight decay: phi (``proj``) decays like every weight matrix; a and b take none.
+
+No torch at the top of this module (the classes are also the declarations a config check reads:
+``lime_arch.depth_mix.registry``), so the functions and methods that call torch import it.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar
+
+from lime_arch.depth_mix.peers import _full_precision
+from lime_arch.depth_mix.registry import DepthMix, MixArg, register_depth_mix
+
+if TYPE_CHECKING:
+    from torch import Tensor
+
+
+def sinkhorn_knopp(M: Tensor, iters: int) -> Tensor:
+    """``iters`` rounds of row then column normalisation of a positive (..., n, n) matrix."""
+    for _ in range(iters):
+        M = M / M.sum(-1, keepdim=True)  # rows sum to 1
+        M = M / M.sum(-2, keepdim=True)  # columns sum to 1
+    return M
+
+
+def _exp(x: Tensor) -> Tensor:
+    # Sinkhorn is invariant to scaling the matrix, so subtracting each matrix's largest entry is
+    # exact in real arithmetic and keeps exp from overflowing (the shift carries no gradient)
+    import torch
+
+    return torch.exp(x - x.amax(dim=(-2, -1), keepdim=True).detach())
+
+
+def _sigmoid(x: Tensor) -> Tensor:
+    import torch
+
+    return torch.sigmoid(x)
+
+
+@register_depth_mix("mhc")
+class ManifoldHyperConnections(DepthMix):
+    """mHC with n streams, ``iters`` Sinkhorn-Knopp rounds and H_post = post_gain * sigmoid; see
+    the module docstring."""
+
+    arguments = (MixArg("rate", 4), MixArg("iters", 20), MixArg("post_gain", 2.0, float))
+    rate: int
+    iters: int
+    post_gain: float
+    # the positive map of H~res before the Sinkhorn normalisation (the paper: exp)
+    positive: ClassVar[Callable[[Tensor], Tensor]] = staticmethod(_exp)
+
+    def __init__(self, **kw):
+        import torch
+        from torch import nn
+
+        super().__init__(**kw)
+        n, K, C = self.rate, 2 * self.n_layers, self.d_model
+        self.proj = nn.ParameterList([nn.Parameter(torch.zeros(n * C, n * (n + 2))) for _ in range(K)])  # phi
+        self.gate = nn.Parameter(torch.full((K, 3), 0.01))  # (a_pre, a_post, a_res) per sublayer
+        bias = torch.zeros(K, n * (n + 2))  # [b_pre | b_post | vec(b_res)] per sublayer
+        for k in range(K):
+            bias[k, k % n] = 1.0
+            bias[k, 2 * n:] = torch.eye(n).flatten()
+        self.bias = nn.Parameter(bias)
+
+    def decays(self, name: str) -> bool:
+        return name.startswith("proj.")
+
+    def coefficients(self, k: int, H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """H_pre (B, T, n), H_post (B, T, n), H_res (B, T, n, n) of sublayer k, in fp32 or wider."""
+        import torch
+
+        n = self.rate
+        with _full_precision(H):
+            x = H.flatten(-2).to(torch.promote_types(H.dtype, torch.float32))  # vec(H): (B, T, nC)
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+            logits = x @ self.proj[k].to(x.dtype)  # (B, T, n(n+2))
+            a, b = self.gate[k].to(x.dtype), self.bias[k].to(x.dtype)
+            pre = torch.sigmoid(a[0] * logits[..., :n] + b[:n])
+            post = self.post_gain * torch.sigmoid(a[1] * logits[..., n:2 * n] + b[n:2 * n])
+            res = self.positive((a[2] * logits[..., 2 * n:] + b[2 * n:]).unflatten(-1, (n, n)))  # (B, T, n, n)
+            return pre, post, sinkhorn_knopp(res, self.iters)
+
+    def begin(self, x: Tensor, memo: dict) -> Tensor:
+        return x.unsqueeze(-2).expand(*x.shape[:-1], self.rate, x.shape[-1])  # (B, T, n, C)
+
+    def sublayer(self, k: int, H: Tensor, fn: Callable[[Tensor], Tensor], memo: dict) -> Tensor:
+        pre, post, res = (c.to(H.dtype) for c in self.coefficients(k, H))
+        with _full_precision(H):
+            h = (pre.unsqueeze(-2) @ H).squeeze(-2)  # H_pre H: (B, T, C)
+        y = fn(h)
+        with _full_precision(H):
+            return post.unsqueeze(-1) * y.unsqueeze(-2) + res @ H  # (B, T, n, C)
+
+    def end(self, H: Tensor, memo: dict) -> Tensor:
+        return self.hidden(H)
+
+    def hidden(self, H: Tensor) -> Tensor:
+        return H.sum(-2)  # the sum of the streams, what the final norm reads: (B, T, C)
+
+    def macs_per_token(self) -> int:
+        """x' phi n*C*n(n+2), H_pre H n*C, H_res H n*n*C, H_post^T y n*C per sublayer, and the final sum
+        of the streams; the Sinkhorn rounds (2 iters n^2 divisions), norms and sigmoids are left out
+        like every norm and softmax (O(n^2) per token)."""
+        n, C = self.rate, self.d_model
+        per_sublayer = n * C * n * (n + 2) + n * C + n * n * C + n * C
+        return 2 * self.n_layers * per_sublayer + (n - 1) * C
+
+
+@register_depth_mix("mhc-sigmoid")
+class SigmoidManifoldHyperConnections(ManifoldHyperConnections):
+    """mHC with a sigmoid, not exp, as the positive map of H~res before the Sinkhorn normalisation
+    (Hugging Face transformers' DeepseekV4HyperConnection; with ``mhc-sigmoid-4-20-1`` also without
+    the factor 2 on H_post, that port as it is)."""
+
+    positive = staticmethod(_sigmoid)

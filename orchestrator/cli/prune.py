@@ -1,0 +1,97 @@
+"""``lime prune <run id | checkpoint> ... --top-p 0.9``: post-hoc top-p pruning of trained models
+(the paper's Table 5; ``orchestrator.evaluation.prune``).
+
+Every target is checked before any compute (a path that exists is a checkpoint, anything else an
+MLflow run id of ``$MLFLOW_TRACKING_URI``). For each: the validation loss before and after pruning
+every layer's router at ``--top-p``, the pruned weights per layer, the source layers no head reads
+any more and the sources each routed head keeps; logged on the trial's MLflow run (or ``--run-id``;
+``--no-log``: not at all) as ``prune/top_p_<p>/...`` at the trained step, with the markdown as an
+artifact. ``--save DIR`` writes the pruned model as a checkpoint (one target: DIR; several:
+DIR/<label>/). With two or more targets (the seeds of one variant) the loss change after - before
+gets the paired interval and verdict of the reports (``orchestrator.decide``: t ∪ sign-flip at 95%,
+``--margin`` for equivalence). The markdown goes to ``--out`` (default
+``$LIME_RESULTS/prune/top_p_<p>.md``).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from lime_arch import ConfigError
+from orchestrator.cli.analyze import log_to_run
+from orchestrator.core.tracking import client
+from orchestrator.decide.intervals import paired_interval
+from orchestrator.decide.verdict import verdict
+from orchestrator.evaluation.prune import markdown, metrics, prune_checkpoint, save_pruned
+from orchestrator.sweep.checkpoints import resolve_target
+
+LEVEL = 0.95
+
+
+def _label(ref: str, path: Path, taken: set[str]) -> str:
+    base = ref if not Path(ref).expanduser().exists() else (path.name if path.is_dir() else path.parent.name)
+    label, i = base, 2
+    while label in taken:
+        label, i = f"{base}-{i}", i + 1
+    return label
+
+
+def paired_lines(changes: dict[str, float], margin: float | None) -> list[str]:
+    """The paired interval and verdict of the loss change (after - before) over the targets."""
+    d = np.array(list(changes.values()), np.float64)
+    iv = paired_interval(d, LEVEL)
+    v = verdict(iv, "min", margin)
+    return ["## Loss change over the models (paired: each model before and after)", "",
+            f"{len(d)} models; change after - before, mean {d.mean():+.4f}; {LEVEL:.0%} interval "
+            f"[{iv.low:+.4f}, {iv.high:+.4f}] ({iv.method}); verdict of the pruned model against the "
+            f"unpruned: **{v.word}**" + (f" (margin +-{margin:g})" if margin else "") +
+            ". A verdict needs 6 or more models at 95% (the sign-flip interval is the whole line below).", ""]
+
+
+def cmd_prune(args) -> int:
+    if not 0 < args.top_p < 1:
+        raise ConfigError(f"--top-p: must be in (0, 1), got {args.top_p}")
+    if args.margin is not None and not args.margin > 0:
+        raise ConfigError(f"--margin: must be > 0, got {args.margin}")
+    if args.run_id and len(args.targets) > 1:
+        raise ConfigError("--run-id: only with one target (each target logs to its own run)")
+    resolved = [resolve_target(t) for t in args.targets]  # every target checked before any compute
+    results, taken = {}, set()
+    for ref, (path, run_id) in zip(args.targets, resolved):
+        p = prune_checkpoint(path, args.top_p, renormalize=not args.no_renormalize)
+        label = _label(ref, p.path, taken)
+        taken.add(label)
+        results[label] = (p, args.run_id or run_id or p.run_id)
+        print(f"{label}: validation loss {p.loss_before:.4f} -> {p.loss_after:.4f} ({p.change:+.4f}); pruned "
+              f"{sum(p.stats.pruned)} of {sum(p.stats.total)} router weights ({p.stats.fraction:.1%}), "
+              f"{sum(map(len, p.stats.skipped))} source layers skipped")
+        if args.save:
+            folder = Path(args.save) if len(args.targets) == 1 else Path(args.save) / label
+            print(f"{label}: pruned model saved to {save_pruned(p, folder)}")
+    lines = [f"# Post-hoc top-p pruning of router weights (top_p = {args.top_p:g})", "",
+             "Per routed head the smallest set of weights whose share of the row's |weight| first exceeds top_p "
+             "is kept (lime_arch/prune.py); validation loss on each trial's own validation batches.", ""]
+    for label, (p, _) in results.items():
+        lines += markdown(label, p)
+    if len(results) >= 2:
+        lines += paired_lines({k: p.change for k, (p, _) in results.items()}, args.margin)
+    text = "\n".join(lines) + "\n"
+    out = Path(args.out) if args.out else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
+        f"top_p_{args.top_p:g}.md"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"wrote {out}")
+    if not args.no_log:
+        for label, (p, run) in results.items():
+            if run is None:
+                continue
+            log_to_run(run, metrics(p), step=p.step)
+            with tempfile.TemporaryDirectory() as d:
+                f = Path(d) / f"prune_top_p_{args.top_p:g}.md"
+                f.write_text("\n".join(markdown(label, p)) + "\n")
+                client().log_artifact(run, str(f))
+            print(f"{label}: logged to MLflow run {run}")
+    return 0

@@ -1,0 +1,135 @@
+"""The sequential design on plain data: after each wave of seeds, which comparisons are decided and
+which variants get the next wave (``lime sweep run --until-decided``; the same code runs the
+simulations of ``tests/orchestrator/decide/test_waves.py``).
+
+After every wave each variant's paired differences variant - baseline (on the seeds both finished)
+get their confidence sequence (``sequential``) at the baseline family's Bonferroni level
+1 - alpha / m, m the number of variants; the verdict is read off it (``verdict``). A decided
+comparison (better, worse, equivalent within margin) gets no more seeds, and its sequence stops
+there; the undecided ones and the baseline get ``wave`` more seeds, until a variant has been
+launched with ``max_seeds`` seeds ("not decided at the cap"). Because every sequence covers at every
+number of seeds at once, stopping when it is decided keeps each comparison's error rate below
+alpha / m and the family's below alpha, however many waves there are.
+
+``run_waves`` is the loop: ``fetch()`` gives what finished (and what was launched), ``launch``
+runs the next wave (Ray Tune in a sweep), ``record`` keeps each wave's decisions (on the parent
+run, so a killed driver resumes the sequence where it was: the loop starts from whatever finished).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from orchestrator.decide.families import BASELINE, Family
+from orchestrator.decide.intervals import Interval
+from orchestrator.decide.sequential import confidence_sequence
+from orchestrator.decide.verdict import DECIDED, UNDECIDABLE, UNDECIDED, UNTESTED, Verdict, verdict
+
+Values = dict[Hashable, dict[Any, float]]  # variant -> {seed: finished metric}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Design:
+    """What the sequential design needs to know, fixed before the first wave."""
+
+    baseline: Hashable
+    variants: tuple  # the compared values besides the baseline, in report order
+    mode: str  # "min" or "max"
+    alpha: float
+    margin: float | None  # absolute, metric units
+    max_seeds: int  # seeds per arm at most
+    wave: int  # seeds added per wave
+
+    @property
+    def family(self) -> Family:
+        return Family(BASELINE, len(self.variants), self.alpha)
+
+
+@dataclass(frozen=True)
+class Decision:
+    variant: Hashable
+    seeds: tuple  # the common seeds the sequence rests on, in order
+    interval: Interval
+    verdict: Verdict
+    launched: int  # seeds this variant was launched with
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict.word in DECIDED
+
+
+@dataclass
+class Wave:
+    index: int  # 1 for the first look
+    decisions: list[Decision]
+    next_variants: list = field(default_factory=list)  # the baseline first; empty when done
+    next_seeds: list = field(default_factory=list)
+    done: bool = False
+    why: str = ""
+
+    def record(self) -> dict[str, Any]:
+        """The wave as plain data (what the parent run keeps, JSON)."""
+        return {"n": {str(d.variant): len(d.seeds) for d in self.decisions},
+                "verdict": {str(d.variant): d.verdict.word for d in self.decisions},
+                "next": [str(v) for v in self.next_variants], "seeds": list(self.next_seeds)}
+
+
+def differences(values: Values, variant: Hashable, baseline: Hashable) -> tuple[tuple, np.ndarray]:
+    """The seeds both finished (in order) and the per-seed differences variant - baseline."""
+    a, b = values.get(variant, {}), values.get(baseline, {})
+    seeds = tuple(sorted(set(a) & set(b), key=lambda s: (str(type(s)), s)))
+    return seeds, np.array([a[s] - b[s] for s in seeds], np.float64)
+
+
+def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, index: int,
+                frozen: dict[Hashable, Decision] | None = None) -> Wave:
+    """The decisions after a wave and the next wave (see the module docstring). ``frozen``: the
+    comparisons decided at an earlier wave (they keep their decision)."""
+    level = design.family.level
+    decisions = []
+    for v in design.variants:
+        if frozen and v in frozen:
+            decisions.append(frozen[v])
+            continue
+        seeds, d = differences(values, v, design.baseline)
+        iv = confidence_sequence(d, level)
+        decisions.append(Decision(v, seeds, iv, verdict(iv, design.mode, design.margin), len(launched.get(v, ()))))
+    open_ = [d for d in decisions if not d.decided and d.launched < design.max_seeds]
+    wave = Wave(index, decisions)
+    if not open_:
+        capped = [d for d in decisions if not d.decided]
+        wave.done = True
+        wave.why = ("every comparison is decided" if not capped else
+                    f"{len(capped)} comparison(s) not decided at the cap of {design.max_seeds} seeds")
+        return wave
+    every = set().union(*launched.values()) if launched else set()
+    top = max((s for s in every if isinstance(s, int)), default=-1)
+    room = design.max_seeds - max(d.launched for d in open_)
+    wave.next_seeds = list(range(top + 1, top + 1 + max(1, min(design.wave, room))))
+    wave.next_variants = [design.baseline] + [d.variant for d in open_]
+    words = {UNDECIDABLE: "too few seeds for a finite sequence", UNDECIDED: "not decided", UNTESTED: "not tested"}
+    wave.why = "; ".join(f"{d.variant}: {words.get(d.verdict.word, d.verdict.word)} at {len(d.seeds)} seeds"
+                         for d in open_)
+    return wave
+
+
+def run_waves(fetch: Callable[[], tuple[Values, dict[Hashable, set]]],
+              launch: Callable[[list, list], None], design: Design,
+              record: Callable[[Wave], None] = lambda w: None, first_index: int = 1,
+              max_waves: int = 1000) -> list[Wave]:
+    """Decide, launch the next wave, repeat until done (see the module docstring)."""
+    waves: list[Wave] = []
+    frozen: dict[Hashable, Decision] = {}
+    for index in range(first_index, first_index + max_waves):
+        values, launched = fetch()
+        wave = decide_wave(values, launched, design, index, frozen)
+        frozen.update({d.variant: d for d in wave.decisions if d.decided})
+        record(wave)
+        waves.append(wave)
+        if wave.done:
+            return waves
+        launch(wave.next_variants, wave.next_seeds)
+    raise RuntimeError(f"run_waves: no decision after {max_waves} waves")

@@ -1,0 +1,59 @@
+"""Evaluate a checkpoint and record the scores on its MLflow run: what ``lime eval`` and a sweep's
+evaluation of its finished trials (``orchestrator.sweep.evaluate``) both call.
+
+The tasks are resolved and their data checked first (``checks.resolve``: one line, nothing
+loaded), then the model; tasks the run has scores for under the same key are skipped, so an
+evaluation that is repeated (a resumed sweep, a second ``lime eval``) adds only what is new.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from lime_arch import ConfigError
+from orchestrator.core.tracking import client
+from orchestrator.engine.schedule import pick_device
+from orchestrator.evaluation.checks import Resolved, resolve
+from orchestrator.evaluation.harness import Outcome, evaluate
+from orchestrator.evaluation.loading import Trained, checkpoint_file, load_trained
+from orchestrator.evaluation.record import done_keys, log_outcome, mark_complete
+from orchestrator.evaluation.settings import EvalSettings, settings_hash
+
+
+@dataclass
+class Evaluated:
+    trained: Trained
+    outcome: Outcome
+    run_id: str | None  # where the scores were logged (None: not logged)
+
+
+def evaluate_checkpoint(path: str | Path, settings: EvalSettings, *, run_id: str | None = None,
+                        device: str = "auto", log: bool = True, resolved: Resolved | None = None,
+                        key: str = "eval", complete_tag: bool = False) -> Evaluated:
+    """Score the checkpoint at ``path``; log to ``run_id`` (default: the checkpoint's run) unless
+    ``log`` is false. ``complete_tag``: also mark the run as evaluated under ``settings`` (a
+    sweep's skip of the whole trial next time)."""
+    checkpoint_file(path)  # a missing checkpoint is one line before anything else
+    resolved = resolved or resolve(settings, key)
+    cl = client() if log else None
+    if log and run_id:
+        _run(cl, run_id)  # a run that is not there is one line before the model loads
+    trained = load_trained(path, pick_device(device))
+    target = (run_id or trained.run_id) if log else None
+    skip = done_keys(_run(cl, target)) if target else {}
+    outcome = evaluate(trained.model, trained.tokenizer, settings, skip=skip, resolved=resolved, key=key)
+    if target:
+        tag = settings_hash(settings, trained.step) if complete_tag else None
+        if outcome.keys:
+            log_outcome(target, outcome, settings_tag=tag, cl=cl)
+        elif tag:
+            mark_complete(target, tag, cl)
+    return Evaluated(trained, outcome, target)
+
+
+def _run(cl, run_id: str):
+    try:
+        return cl.get_run(run_id)
+    except Exception:  # noqa: BLE001 - deleted, or of another store
+        raise ConfigError(f"run {run_id}: not a run of the MLflow store {getattr(cl, 'tracking_uri', '')} "
+                          "(set MLFLOW_TRACKING_URI, or --no-log)") from None

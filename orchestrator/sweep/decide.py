@@ -1,0 +1,145 @@
+"""``lime sweep run FILE --until-decided`` (or a ``decide:`` block): seeds in waves until every
+comparison with the baseline is decided, with anytime-valid error control.
+
+The file's ``grid.seed`` is the first wave. After each wave the finished trials are read from MLflow
+(``orchestrator.decide.runs``) and every comparison gets its confidence sequence
+(``orchestrator.decide.waves``); a decided one (better, worse, equivalent within the margin) gets no
+more seeds, the undecided ones and the baseline get ``decide.wave`` more, until ``max_seeds``. Each
+wave is a seed growth of the sweep (``orchestrator.sweep.extend``: another Ray experiment under the
+same MLflow parent run, its trials run concurrently by Ray Tune) restricted to those values, so the
+trial set is no longer a full cross product; trial ids stay the grid's.
+
+What survives a killed driver: the waves' seeds and values in ``lime_sweep.json`` (an interrupted
+wave resumes first), and each look's decisions on the parent run (``sweep.decide.wave-<k>``, with the
+settings ``sweep.decide.*`` and the absolute margin ``sweep.decide.margin_abs``; a % margin is fixed
+from the baseline's mean at the first look). The decisions are a function of the finished trials,
+so the resumed loop reaches the same ones and continues where it was.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import math
+from typing import Any
+
+from lime_arch import ConfigError
+from orchestrator.core import record
+from orchestrator.core.tracking import client
+from orchestrator.core.validation import FieldError
+from orchestrator.decide.runs import seed_values
+from orchestrator.decide.verdict import margin_for, margins_text, parse_margins
+from orchestrator.decide.waves import Design, Wave, run_waves
+from orchestrator.sweep.checks import check_decide, key_of
+from orchestrator.sweep.driver import run_sweep
+from orchestrator.sweep.local_state import read_state
+from orchestrator.sweep.schema import DecideSpec, SweepSpec
+from orchestrator.sweep.view import experiment_dir
+
+
+def with_options(spec: SweepSpec, until_decided: bool, max_seeds: str | None, margin: str | None) -> SweepSpec:
+    """The sweep with ``--until-decided [--max-seeds N] [--margin M]`` applied (a ConfigError line for
+    a bad value, or for a sweep that cannot grow in waves)."""
+    if not until_decided and spec.decide is None:
+        if max_seeds is not None or margin is not None:
+            raise ConfigError("--max-seeds/--margin: only with --until-decided (or a decide: block in the file)")
+        return spec
+    dec = copy.copy(spec.decide) if spec.decide is not None else DecideSpec()
+    if max_seeds is not None:
+        try:
+            n = int(max_seeds)
+        except ValueError:
+            n = 0
+        if n < 2 or str(max_seeds).strip() != str(n):
+            raise ConfigError(f"--max-seeds: must be an integer >= 2 (seeds per arm at most), got {max_seeds!r}")
+        dec.max_seeds = n
+    if margin is not None:
+        dec.margin = margins_text(parse_margins(margin, "--margin"))
+    new = copy.copy(spec)
+    new.decide = dec
+    try:
+        check_decide(new)
+    except FieldError as e:
+        raise ConfigError(f"{spec.path or spec.name}: {e.at or 'decide'}: {e}") from None
+    return new
+
+
+def _compared(spec: SweepSpec) -> tuple[str, str, list, Any]:
+    """(the compared grid axis, the seed axis, the axis' values, the baseline) as the file writes them."""
+    axis = next(a for a in spec.grid if a == spec.report.axis or key_of(a) == key_of(spec.report.axis))
+    return axis, spec.seed_axis(), list(spec.grid[axis]), spec.report.baseline
+
+
+def _settings(cl, parent: str, spec: SweepSpec) -> dict[str, str]:
+    """Record the design's settings on the parent when it lacks them (a sweep that ran with fixed seeds
+    and now runs until decided); a parent's params cannot change, so a different value is refused."""
+    from mlflow.entities import Param
+
+    have = cl.get_run(parent).data.params
+    margin = spec.decide.margin if spec.decide.margin is not None else spec.report.margin
+    want = record.DecideRecord(max_seeds=spec.decide.max_seeds, wave=spec.decide.wave).to_params()
+    if margin is not None:
+        want[record.REPORT + "margin"] = margin
+    clash = [f"{k} is {have[k]!r}, not {v!r}" for k, v in want.items() if k in have and have[k] != v]
+    if clash:
+        raise ConfigError(f"{spec.path or spec.name}: the sweep's parent run {parent} was recorded with other "
+                          f"settings ({'; '.join(clash)}); a run's params cannot change: use them, or start the "
+                          "sweep over (delete its Ray folder and MLflow experiment)")
+    new = [Param(k, v) for k, v in want.items() if k not in have]
+    if new:
+        cl.log_batch(parent, params=new)
+    return {**have, **want}
+
+
+def _margin_abs(cl, parent: str, params: dict[str, str], spec: SweepSpec, baseline_values: dict) -> float | None:
+    """The margin in metric units the waves use: recorded, else from the setting (a % of the
+    baseline's mean over the seeds it finished so far), then recorded."""
+    if record.DECIDE_MARGIN in params:
+        v = record.cast_param(params[record.DECIDE_MARGIN])
+        return None if v is None else float(v)
+    m = margin_for(parse_margins(params.get(record.REPORT + "margin")), spec.report.metric, spec.report.metric)
+    base = [x for x in baseline_values.values() if math.isfinite(x)]
+    value = None if m is None else m.absolute(sum(base) / len(base) if base else math.nan)
+    cl.log_param(parent, record.DECIDE_MARGIN, str(value))
+    return value
+
+
+def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: str | None = None,
+                      num_cpus: int | None = None, connect_timeout: float | None = None,
+                      status_every: float = 15.0) -> dict:
+    """Run the first wave (or resume an interrupted one), then wave after wave until decided; returns
+    the last wave's sweep summary with ``waves`` (the decisions of each look)."""
+    def sweep(**kw) -> dict:
+        return run_sweep(spec, address=address, results=results, num_cpus=num_cpus, status_every=status_every,
+                         connect_timeout=connect_timeout, **kw)
+
+    summary = sweep()
+    exp_dir = experiment_dir(spec.name, results)
+    state = read_state(exp_dir)
+    cl = client(state["tracking_uri"])
+    parent, exp_id = state["parent_run_id"], state["experiment_id"]
+    params = _settings(cl, parent, spec)
+    axis, seed_axis, values, baseline = _compared(spec)
+
+    def fetch():
+        return seed_values(cl, exp_id, parent, axis, seed_axis, spec.report.metric, values)
+
+    finished, _ = fetch()
+    design = Design(baseline=baseline, variants=tuple(v for v in values if v != baseline), mode=spec.report.mode,
+                    alpha=spec.report.alpha, margin=_margin_abs(cl, parent, params, spec, finished.get(baseline, {})),
+                    max_seeds=spec.decide.max_seeds, wave=spec.decide.wave)
+
+    def keep(wave: Wave) -> None:
+        key = f"{record.DECIDE_WAVE}{wave.index}"
+        if key not in cl.get_run(parent).data.params:
+            cl.log_param(parent, key, json.dumps(wave.record(), sort_keys=True, separators=(",", ":")))
+        print(f"sweep {spec.name}: look {wave.index}: " + ", ".join(
+            f"{d.variant} {d.verdict.word} ({len(d.seeds)} seeds)" for d in wave.decisions)
+            + (f"; next wave: seeds {wave.next_seeds} for {', '.join(map(str, wave.next_variants))}"
+               if not wave.done else f"; done: {wave.why}"), flush=True)
+
+    def launch(variants: list, seeds: list) -> None:
+        nonlocal summary
+        summary = sweep(add_seeds=len(seeds), only=variants)
+
+    waves = run_waves(fetch, launch, design, keep, first_index=1 + len(state.get("extensions") or []))
+    return {**summary, "waves": waves}

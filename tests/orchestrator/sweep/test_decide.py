@@ -1,0 +1,145 @@
+"""``lime sweep run --until-decided`` (``orchestrator.sweep.decide``) in-process, with a stand-in for
+the training: the stand-in launch plans each wave with the real ``extend`` machinery, opens the
+parent run as the driver does and writes one finished MLflow run per new trial with a known value.
+What is checked: a clear comparison stops at the first look, an undecided one gets waves until the
+cap, the waves run only the baseline and the undecided variants (trial ids of the grid), the looks
+are recorded on the parent run, a killed driver resumes the sequence where it was, the report reads
+the sequence, and ``lime sweep status`` shows the waves."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from lime_arch import ConfigError
+from orchestrator.core import record, tracking
+from orchestrator.core.record import trial_tags
+from orchestrator.decide.verdict import BETTER, UNDECIDED, table_contradictions
+from orchestrator.sweep import decide, driver, extend
+from orchestrator.sweep.local_state import read_state
+from orchestrator.sweep.spec import parse_spec
+from orchestrator.sweep.view import experiment_dir, status_text
+
+OFFSETS = [0.0, 0.3, -0.2, 0.5, -0.4, 0.1, 0.25, -0.3]
+NOISE = [1.0, -1.0, 0.6, -0.6, 0.3, -0.3, 0.8, -0.8]
+
+
+def value(router: str, seed: int) -> float:
+    """first-4 is 0.1 better on every seed; full differs by +-0.02 noise around 0."""
+    shared = 3.0 + OFFSETS[seed % 8] + 0.01 * seed
+    own = {"none": 0.0, "first-4": -0.1 + 0.003 * NOISE[seed % 8], "full": 0.02 * NOISE[(seed * 3) % 8]}
+    return shared + own[router]
+
+
+def make_spec(tmp_path, decide_block=None, seeds=6):
+    data = {"name": "dec", "description": "decide test",
+            "base": {"preset": "tiny", "train": {"steps": 10, "batch_size": 4, "seq_len": 32}},
+            "grid": {"router": ["none", "full", "first-4"], "seed": list(range(seeds))},
+            "report": {"metric": "final/val_loss", "axis": "router", "baseline": "none"}}
+    if decide_block is not None:
+        data["decide"] = decide_block
+    return parse_spec(data)
+
+
+class StandIn:
+    """``run_sweep`` without Ray: the launch's trials get finished runs with ``value``."""
+
+    def __init__(self, fail_after: int | None = None):
+        self.calls, self.fail_after = [], fail_after
+
+    def __call__(self, spec, *, add_seeds=0, only=None, results=None, **_):
+        if self.fail_after is not None and len(self.calls) >= self.fail_after:
+            raise KeyboardInterrupt  # the driver killed before this wave starts
+        uri = tracking.tracking_uri()
+        exp_dir = experiment_dir(spec.name, results)
+        spec, state, _ = extend.prepare(spec, exp_dir, uri, add_seeds, only)
+        cl, exp_id, parent, _, _ = driver._open_tracking(spec, uri, exp_dir, state)
+        done = {r.data.tags[record.TRIAL_ID] for r in record.child_runs(cl, exp_id, parent)}
+        new = [t for t in spec.trials() if t.trial_id not in done]
+        self.calls.append([t.trial_id for t in new])
+        for t in new:
+            tags = trial_tags(spec.name, t.trial_id, t.params, **{record.PARENT_RUN: parent, record.STATUS: "finished"})
+            rid = cl.create_run(exp_id, tags=tags).info.run_id
+            cl.log_metric(rid, "final/val_loss", value(t.params["router"], t.params["seed"]))
+            cl.set_terminated(rid, "FINISHED")
+        record.end_run(cl, parent, record.TrialStatus.FINISHED)
+        return {"ok": True}
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("LIME_RESULTS", str(tmp_path / "results"))
+    return tmp_path
+
+
+def test_waves_until_decided(env, monkeypatch):
+    stand_in = StandIn()
+    monkeypatch.setattr(decide, "run_sweep", stand_in)
+    spec = decide.with_options(make_spec(env), True, "12", None)
+    out = decide.run_until_decided(spec)
+    waves = out["waves"]
+    # look 1 after seeds 0-5: first-4 decided better; full undecided -> waves of 2 seeds up to 12
+    assert waves[0].decisions[1].verdict.word == BETTER and len(waves[0].decisions[1].seeds) == 6
+    assert [w.next_seeds for w in waves] == [[6, 7], [8, 9], [10, 11], []]
+    assert waves[-1].done and "not decided at the cap of 12" in waves[-1].why
+    assert waves[-1].decisions[0].verdict.word == UNDECIDED and len(waves[-1].decisions[0].seeds) == 12
+    # the waves ran only the baseline and full, with the grid's trial ids
+    assert stand_in.calls[1] == ["router=none,seed=6", "router=none,seed=7", "router=full,seed=6",
+                                 "router=full,seed=7"]
+    state = read_state(experiment_dir("dec"))
+    assert [e["values"] for e in state["extensions"]] == [["none", "full"]] * 3
+    params = tracking.client().get_run(state["parent_run_id"]).data.params
+    assert params["sweep.decide.max_seeds"] == "12" and params["sweep.decide.wave"] == "2"
+    looks = record.decide_waves(params)
+    assert list(looks) == [1, 2, 3, 4] and json.loads(looks[1])["verdict"] == {"full": UNDECIDED, "first-4": BETTER}
+
+
+def test_a_killed_driver_resumes_the_sequence(env, monkeypatch):
+    spec = decide.with_options(make_spec(env), True, "12", None)
+    monkeypatch.setattr(decide, "run_sweep", StandIn(fail_after=2))  # dies before the second wave
+    with pytest.raises(KeyboardInterrupt):
+        decide.run_until_decided(spec)
+    again = StandIn()
+    monkeypatch.setattr(decide, "run_sweep", again)
+    waves = decide.run_until_decided(spec)["waves"]
+    assert [w.index for w in waves] == [2, 3, 4] and waves[-1].done  # look 1 was recorded before the kill
+    assert again.calls[0] == []  # the resumed launch had nothing left to run
+    params = tracking.client().get_run(read_state(experiment_dir("dec"))["parent_run_id"]).data.params
+    assert list(record.decide_waves(params)) == [1, 2, 3, 4]
+
+
+def test_the_report_reads_the_sequence(env, monkeypatch):
+    from orchestrator.report.build import build_report
+
+    monkeypatch.setattr(decide, "run_sweep", StandIn())
+    decide.run_until_decided(decide.with_options(make_spec(env), True, "10", "0.5%"))
+    out = build_report("dec", out=env / "reports", log_to_mlflow=False).parent
+    md = (out / "report.md").read_text()
+    assert "## Sequential seeds" in md and "confidence sequence" in md and "Compute:" in md
+    import csv
+
+    rows = list(csv.DictReader(open(out / "summary.csv")))
+    assert {r["seeds_design"] for r in rows} == {"sequential"} and table_contradictions(rows) == []
+    first4 = [r for r in rows if r["variant"] == "first-4"][0]
+    assert first4["verdict"] == BETTER and first4["n_pairs"] == "6"
+    assert math.isfinite(float(first4["margin"]))  # 0.5% of the baseline's mean, fixed at the first look
+    assert "dec" in status_text("dec") and "look 1" in status_text("dec")
+
+
+def test_options_are_checked_before_anything_runs(env):
+    spec = make_spec(env)
+    with pytest.raises(ConfigError, match="--max-seeds: must be an integer >= 2"):
+        decide.with_options(spec, True, "1", None)
+    with pytest.raises(ConfigError, match="--margin: must be a number > 0"):
+        decide.with_options(spec, True, None, "-1")
+    with pytest.raises(ConfigError, match="only with --until-decided"):
+        decide.with_options(spec, False, "8", None)
+    with pytest.raises(ConfigError, match="exceed max_seeds 4"):
+        decide.with_options(spec, True, "4", None)
+    assert decide.with_options(spec, False, None, None).decide is None
+    with pytest.raises(ConfigError, match=r"decide: the grid's axes must be the compared one"):
+        parse_spec({"name": "x", "description": "x", "base": {"preset": "tiny"},
+                    "grid": {"router": ["none", "full"], "optim.lr": [1e-3, 2e-3], "seed": [0, 1]},
+                    "decide": {"max_seeds": 8}})
