@@ -129,16 +129,16 @@ class BufferMixer:
                 self.link = WriteLayer0.apply(k, v, st)
                 return k.transpose(1, 2), v.transpose(1, 2)
             b = plan.block_of[l]
-            members = [self._weight(m) for m in plan.other_members[b]] if l == plan.blocks[b].l0 else ()
-            kr, vr = RouteLayer.apply(k, v, self._weight(l), self.link, st, l, *members)
+            taken = [self._weight(m) for m in plan.taken[b]] if l == plan.leaders[b] else ()
+            kr, vr = RouteLayer.apply(k, v, self._weight(l), self.link, st, l, *taken)
             self.link = kr  # the next layer's function consumes it: the backward chain
             return kr, vr
         if l == 0:
             st.write(0, k, v)
             return k.transpose(1, 2), v.transpose(1, 2)
         b = plan.block_of[l]
-        members = [self._weight(m) for m in plan.other_members[b]] if l == plan.blocks[b].l0 else ()
-        return st.split(st.route_layer(l, k, v, self._weight(l), members, grad=False))
+        taken = [self._weight(m) for m in plan.taken[b]] if l == plan.leaders[b] else ()
+        return st.split(st.route_layer(l, k, v, self._weight(l), taken, grad=False))
 
     def _route_ops(self, l: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """The same routing as opaque custom ops (``lime_arch.routing.ops``), for torch.compile;

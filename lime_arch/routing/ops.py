@@ -53,11 +53,12 @@ def _config(spec: str, n_layers: int, R: int, Hd: int, block: int) -> tuple[Rout
 
 @torch.compiler.assume_constant_result
 def members_taken(spec: str, n_layers: int, R: int, Hd: int, block: int) -> tuple[tuple[int, ...], ...]:
-    """Per layer: the other members whose weights its op takes (it starts their block)."""
+    """Per layer: the later layers of its block whose weights its op takes (it leads the block)."""
     _, _, plan = _config(spec, n_layers, R, Hd, block)
     out = [()] * n_layers
-    for b, blk in enumerate(plan.blocks):
-        out[blk.l0] = tuple(plan.other_members[b])
+    for b, leader in enumerate(plan.leaders):
+        if leader is not None:
+            out[leader] = tuple(plan.taken[b])
     return tuple(out)
 
 
@@ -97,10 +98,13 @@ def _token_like() -> Tensor:
 
 
 def _weight_out(g: Tensor | None, like: Tensor, need: bool) -> Tensor:
-    """A weight gradient as the op returns it: contiguous, ``like``'s shape; empty when not needed."""
+    """A weight gradient as the op returns it: contiguous, ``like``'s shape, its own storage (a block's
+    weight gradients are views of one product, and an op's outputs may not alias); empty when not needed."""
     if not need:
         return like.new_empty(0)
-    return torch.zeros_like(like, memory_format=torch.contiguous_format) if g is None else g.contiguous()
+    if g is None:
+        return torch.zeros_like(like, memory_format=torch.contiguous_format)
+    return g if g._base is None and g.is_contiguous() else g.clone(memory_format=torch.contiguous_format)
 
 
 # -- layer 0 ----------------------------------------------------------------------------------

@@ -166,16 +166,49 @@ class Plan:
                 for s in src:
                     if s >= l0:
                         readers[s].append((l,))
-        # per block: the members other than its first layer (extra inputs of that layer's function)
-        self.other_members = [[m for m in blk.members if m != blk.l0] for blk in self.blocks]
-        # in-block readers of each slot as runs of consecutive layers [la, lb)
-        self.reader_runs = [[(g[0][0], g[-1][0] + 1) for g in layer_groups(r)] for r in readers]
         for blk in self.blocks:
             blk.old_runs = row_runs(list(enumerate(blk.old_slots)), n)
             if len(blk.old_runs) > 1:
                 blk.old_index = torch.tensor([s * n + r for s in blk.old_slots for r in range(n)])
             if blk.members and blk.members == list(range(blk.members[0], blk.members[-1] + 1)):
                 blk.member_rows = ((blk.members[0] - blk.l0) * out_rows, (blk.members[-1] + 1 - blk.l0) * out_rows)
+        # per block: its leader, the first layer >= 1 (None for a block of layer 0 alone), which runs
+        # the block's batched products: P in forward; in backward, after every later layer of the
+        # block, the dW of every layer of the block in one product and the old slots' gradient. Its
+        # function therefore takes the weights of the block's other layers (``taken``).
+        self.leaders: list[int | None] = [max(blk.l0, 1) if max(blk.l0, 1) < blk.l1 else None for blk in self.blocks]
+        self.taken = [[] if ld is None else list(range(ld + 1, blk.l1)) for ld, blk in zip(self.leaders, self.blocks)]
+        # the leader's dW of its block: layer l's dW is g_l @ buf[its sources]^T. Batched, it is one
+        # product of the block's grad_out rows (from the leader's on) with the buffer rows
+        # ``dw_rows[b]``, which holds, beside every layer's wanted columns, its products with the
+        # block's other slots: the old slots and the block's slots when the old slots are one run right
+        # below the block and every layer of the block is a member (``dw_merged``: full, no-head-mix,
+        # per-dim), else the block's slots, the old-slot columns coming from the members' product. It
+        # is batched when at least half of it is wanted (the block's lower triangle, for full routing);
+        # sparse in-block sources (last-j, dilated-d, first-j's) keep one product per layer and run
+        # (``dw_rows[b]`` None). Per layer, ``dw_runs``: weight columns [col0, col1) are product
+        # columns [c0, c1) (batched), or buffer rows [c0, c1) (per run).
+        self.dw_rows: list[tuple[int, int] | None] = []
+        self.dw_merged: list[bool] = []
+        self.dw_runs: list[list[tuple[int, int, int, int]]] = [[] for _ in range(L)]
+        for b, blk in enumerate(self.blocks):
+            ld = self.leaders[b]
+            group = [] if ld is None else list(range(ld, blk.l1))
+            merged = bool(group) and blk.members == group and len(blk.old_runs) == 1 \
+                and blk.old_runs[0][3] == blk.l0 * n
+            r0 = blk.old_runs[0][2] if merged else blk.l0 * n
+            wanted = sum(len(self.sources[l]) if merged else len(self.sources[l]) - self.n_old[l] for l in group)
+            batched = bool(group) and 2 * wanted * n >= len(group) * (blk.l1 * n - r0)
+            self.dw_rows.append((r0, blk.l1 * n) if batched else None)
+            self.dw_merged.append(merged and batched)
+            for l in group:
+                if merged and batched:
+                    self.dw_runs[l] = [(c0, c1, a - r0, e - r0) for c0, c1, a, e in self.source_runs[l]]
+                else:  # the in-block columns (after the n_old old ones)
+                    cut, base = self.n_old[l] * n, r0 if batched else 0
+                    self.dw_runs[l] = [(cut + c0, cut + c1, a - base, e - base) for c0, c1, a, e in self.in_runs[l]]
+        # in-block readers of each slot as runs of consecutive layers [la, lb)
+        self.reader_runs = [[(g[0][0], g[-1][0] + 1) for g in layer_groups(r)] for r in readers]
 
     def traffic(self, copies: bool = False) -> Traffic:
         return traffic(self.sources, self.blocks, copies)

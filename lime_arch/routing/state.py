@@ -55,7 +55,6 @@ class BufferState:
         self.grad_out: dict[int, Buf] = {}  # block -> output gradients of its layers (D, n_layers*out_rows, N)
         self.in_weights: dict[int, Buf] = {}  # block -> in-block weights per layer, placed at their slots'
         #   columns (D, n_layers*out_rows, n_layers*rows_per_slot)
-        self.in_weight_grads: dict[int, Tensor] = {}  # member layer -> dW of its in-block columns
         self.weight_dtype = weight_dtype
         _LIVE.add(self)
 
@@ -177,21 +176,6 @@ class BufferState:
         vv.zero_() if gv is None else vv.copy_(gv)
         return rows
 
-    def in_weight_grad(self, l: int, g: Tensor) -> Tensor:
-        """dW of layer l's in-block columns: g_l @ buf[in-block rows]^T, (D, out_rows, n_in*rows_per_slot)."""
-        plan, kb = self.plan, self.kv_buf
-        runs = plan.in_runs[l]
-        if plan.in_single_run[l]:
-            _, _, r0, r1 = runs[0]
-            xt = kb.memo.get(("T", r0, r1))
-            if xt is None:
-                xt = kb.memo[("T", r0, r1)] = kb.rows(r0, r1).transpose(1, 2)
-            return torch.bmm(g, xt)
-        dw = g.new_zeros(self.D, self.out_rows, runs[-1][1])
-        for c0, c1, r0, r1 in runs:
-            dw[:, :, c0:c1] = torch.bmm(g, kb.rows(r0, r1).transpose(1, 2))
-        return dw
-
     def slot_grad_rows(self, s: int) -> Tensor | None:
         """grad_s = old_grad[s] (from later blocks) + W_in(s)^T @ grad_out[in-block readers of s], as a
         fresh (D, rows_per_slot, N) tensor; None when no reader of slot s got a gradient."""
@@ -222,36 +206,71 @@ class BufferState:
         out = self.slot_grad_rows(s)
         return None if out is None else self._kv_views(out, False)
 
-    def old_slots_backward(self, b: int, needs: list[bool]) -> list[Tensor | None]:
-        """dW_old = grad_out @ buf[old slots]^T and old_grad[old slots] += W_old^T grad_out; the
-        members' whole dW (old-slot columns, then the in-block columns kept in ``in_weight_grads``)."""
+    def block_weight_grads(self, b: int, needs: list[bool]) -> list[Tensor | None]:
+        """dW of every layer of block b from its leader on (``Plan.leaders``; ``needs`` in that order),
+        every later layer's grad_out being stored: batched, one product of the block's grad_out rows
+        with the buffer rows ``Plan.dw_rows`` (else one per layer and run); the old-slot columns from
+        the members' product unless ``Plan.dw_merged`` put them in the batched one."""
+        plan, blk = self.plan, self.plan.blocks[b]
+        leader, n_out, n, D = plan.leaders[b], self.out_rows, self.rows_per_slot, self.D
+        group = range(leader, blk.l1)
+        block_grad = self.grad_out.get(b)
+        if block_grad is None or not any(needs):  # no layer of the block got a gradient, or none is wanted
+            return [None] * len(group)
+        g = block_grad.rows((leader - blk.l0) * n_out, (blk.l1 - blk.l0) * n_out)  # (D, |group|*out_rows, N)
+        dw_all = None
+        if plan.dw_rows[b] is not None:
+            dw_all = torch.bmm(g, self._rows_t(*plan.dw_rows[b]))  # (D, |group|*out_rows, |dw_rows|)
+        dw_old: dict[int, Tensor] = {}
+        if not plan.dw_merged[b] and any(nd for l, nd in zip(group, needs) if plan.member_idx[l] is not None):
+            x_old = self._old_slot_rows(blk)
+            mo = torch.bmm(self._member_grads(b, block_grad), x_old.transpose(1, 2))  # (D, n_mem*out_rows, |old|*n)
+            for i, (m, cols, n_src) in enumerate(zip(blk.members, blk.old_cols, blk.n_old)):
+                old = mo[:, i * n_out:(i + 1) * n_out]
+                if not blk.dense_old:
+                    old = old.reshape(D, n_out, len(blk.old_slots), n)[:, :, cols].reshape(D, n_out, n_src * n)
+                dw_old[m] = old
+        out: list[Tensor | None] = []
+        for i, (l, need) in enumerate(zip(group, needs)):
+            if not need:
+                out.append(None)
+                continue
+            rows = g[:, i * n_out:(i + 1) * n_out] if dw_all is None else dw_all[:, i * n_out:(i + 1) * n_out]
+            parts = [dw_old[l]] if l in dw_old else []
+            if dw_all is None:  # g_l @ buf[run]^T per run of its in-block sources
+                parts += [torch.bmm(rows, self._rows_t(c0, c1)) for _, _, c0, c1 in plan.dw_runs[l]]
+            else:
+                parts += [rows[:, :, c0:c1] for _, _, c0, c1 in plan.dw_runs[l]]
+            out.append(self.layout.weight_grad(parts[0] if len(parts) == 1 else torch.cat(parts, dim=2),
+                                               self.weight_dtype))
+        return out
+
+    def _rows_t(self, r0: int, r1: int) -> Tensor:
+        """``buf[:, r0:r1]^T`` (D, N, r1 - r0), memoised on the pooled buffer."""
+        kb = self.kv_buf
+        xt = kb.memo.get(("T", r0, r1))
+        if xt is None:
+            xt = kb.memo[("T", r0, r1)] = kb.rows(r0, r1).transpose(1, 2)
+        return xt
+
+    def _member_grads(self, b: int, block_grad: Buf) -> Tensor:
+        """The members' rows of block b's grad_out: a view if they are one run, else a gathered copy."""
+        blk, n_out = self.plan.blocks[b], self.out_rows
+        if blk.member_rows is not None:
+            return block_grad.rows(*blk.member_rows)
+        idx = torch.tensor([(m - blk.l0) * n_out + r for m in blk.members for r in range(n_out)],
+                           device=block_grad.t.device)
+        return block_grad.t.index_select(1, idx)
+
+    def old_slots_backward(self, b: int) -> None:
+        """old_grad[old slots] += W_old^T grad_out[members]: the old slots' gradient from block b."""
         blk = self.plan.blocks[b]
         w_old = self.old_weights.pop(b)
         block_grad = self.grad_out.get(b)
-        w_grads: list[Tensor | None] = [None] * len(blk.members)
         if block_grad is None:  # no layer of the block got a gradient
-            return w_grads
-        n_out, n, D = self.out_rows, self.rows_per_slot, self.D
-        if blk.member_rows is not None:
-            g_members = block_grad.rows(*blk.member_rows)
-        else:
-            idx = torch.tensor([(m - blk.l0) * n_out + r for m in blk.members for r in range(n_out)],
-                               device=block_grad.t.device)
-            g_members = block_grad.t.index_select(1, idx)
-        x_old = self._old_slot_rows(blk)
-        if any(needs):
-            dw_old = torch.bmm(g_members, x_old.transpose(1, 2))  # (D, n_mem*out_rows, |old|*rows_per_slot)
-            n_slots = len(blk.old_slots)
-            for i, (m, cols, n_src) in enumerate(zip(blk.members, blk.old_cols, blk.n_old)):
-                if not needs[i]:
-                    continue
-                old = dw_old[:, i * n_out:(i + 1) * n_out]
-                if not blk.dense_old:
-                    old = old.reshape(D, n_out, n_slots, n)[:, :, cols].reshape(D, n_out, n_src * n)
-                dw_in = self.in_weight_grads.pop(m, None)
-                if dw_in is None:  # the member's output got no gradient: its in-block part is zero
-                    dw_in = old.new_zeros(D, n_out, (len(self.plan.sources[m]) - n_src) * n)
-                w_grads[i] = self.layout.weight_grad(torch.cat((old, dw_in), dim=2), self.weight_dtype)
+            return
+        n, D = self.rows_per_slot, self.D
+        g_members = self._member_grads(b, block_grad)
         if self.old_grad is None:
             self.old_grad = Buf(torch.empty_like(self.kv))
         grad = self.old_grad
@@ -270,7 +289,6 @@ class BufferState:
         else:  # gathered rows
             self._zero_old_grad_to(blk.old_slots[-1] * n + n)
             grad.t.index_add_(1, blk.old_index.to(grad.t.device), torch.bmm(w_old.transpose(1, 2), g_members))
-        return w_grads
 
     def _zero_old_grad_to(self, r: int) -> None:
         """Zero-fill old_grad's rows [old_grad_rows, r): afterwards every row below r holds a value."""
@@ -285,16 +303,16 @@ class BufferState:
 
 
     # -- one layer, forward and backward (the autograd functions and the compile ops call these) --
-    def route_layer(self, l: int, k: Tensor, v: Tensor, w: Tensor, member_weights, grad: bool = True) -> Tensor:
+    def route_layer(self, l: int, k: Tensor, v: Tensor, w: Tensor, taken_weights, grad: bool = True) -> Tensor:
         """Write layer l's K/V into slot l and return its routed (D, out_rows, N). ``w`` is
-        ``weight(l)``; the first layer of a block with members also gets the other members' weights
-        and computes the block's old-slot part. ``grad``: keep what backward needs."""
+        ``weight(l)``; a block's leader also gets the weights of the block's later layers
+        (``Plan.taken``) and computes the block's old-slot part. ``grad``: keep what backward needs."""
         plan, layout = self.plan, self.layout
         self.write(l, k, v)
         b = plan.block_of[l]
         blk = plan.blocks[b]
-        if l == blk.l0 and blk.members:
-            weight_of = dict(zip(plan.other_members[b], member_weights))
+        if l == plan.leaders[b] and blk.members:
+            weight_of = dict(zip(plan.taken[b], taken_weights))
             weight_of[l] = w
             self.old_slots_forward(b, [layout.split_columns(weight_of[m], plan.n_old[m])[0] for m in blk.members])
         w_in = layout.split_columns(w, plan.n_old[l])[1]
@@ -303,29 +321,19 @@ class BufferState:
         return self.route(w_in, l)
 
     def backward_layer(self, l: int, gk: Tensor | None, gv: Tensor | None, need_w: bool, need_kv: bool,
-                       need_members: list[bool]) -> tuple[Tensor | None, Tensor | None, list[Tensor | None]]:
+                       need_taken: list[bool]) -> tuple[Tensor | None, Tensor | None, list[Tensor | None]]:
         """Layer l's backward (every later layer's has run): (slot l's gradient rows or None, dW of
-        ``weight(l)`` or None, dW of the other members' weights when l starts their block)."""
+        ``weight(l)`` or None, dW of the taken weights). Only a block's leader returns weight
+        gradients: those of every layer of its block, in one product."""
         plan = self.plan
-        g = self.store_grad_out(l, gk, gv)  # (D, out_rows, N)
-        dw = None
-        member = plan.member_idx[l] is not None
-        if need_w:
-            dw_in = self.in_weight_grad(l, g)
-            if member:  # the block's first layer adds the old-slot columns
-                self.in_weight_grads[l] = dw_in
-            else:
-                dw = self.layout.weight_grad(dw_in, self.weight_dtype)
+        self.store_grad_out(l, gk, gv)
         b = plan.block_of[l]
         blk = plan.blocks[b]
-        others: list[Tensor | None] = []
-        if l == blk.l0 and blk.members:
-            other = plan.other_members[b]
-            needs = [need_w if m == l else need_members[other.index(m)] for m in blk.members]
-            grads = dict(zip(blk.members, self.old_slots_backward(b, needs)))
-            if member:
-                dw = grads.pop(l)
-            others = [grads[m] for m in other]
+        dw, others = None, []
+        if l == plan.leaders[b]:
+            dw, *others = self.block_weight_grads(b, [need_w, *need_taken])
+            if blk.members:
+                self.old_slots_backward(b)
         slot_g = self.slot_grad_rows(l) if need_kv else None
         if l == blk.l0:
             self.end_block(b)
