@@ -23,6 +23,7 @@ from typing import Any
 
 import lime_arch  # the accounting (torch) loads when the dry run estimates, not when a file is checked
 from lime_arch.errors import ConfigError
+from orchestrator.core.fmt import human  # noqa: F401 - the dry run's numbers
 from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
 from orchestrator.core.validation import validate
 from orchestrator.engine.trial_config import TrialConfig
