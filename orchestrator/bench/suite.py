@@ -131,7 +131,9 @@ def static_twins(labels: Sequence[str], sh: Shape, head_dim: int) -> dict[str, s
         if r.kind.token_dependent:
             same = [o for o, ro in routers.items() if not ro.kind.token_dependent and ro.kind.learned
                     and srcs[o] == srcs[lab]]
-            twin = next((o for o in same if isinstance(r, type(routers[o]))), same[0] if same else None)
+            # the declaration a router's class derives from (its implementation class is a mix per class)
+            twin = next((o for o in same if isinstance(r, getattr(type(routers[o]), "declaration", type(routers[o])))),
+                        same[0] if same else None)
             if twin is not None:
                 out[lab] = twin
     return out

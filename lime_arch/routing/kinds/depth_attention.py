@@ -119,6 +119,15 @@ class DepthAttentionKind(RouterKind):
         values = [v_all[:, :, s * R:(s + 1) * R] for s in src]
         return k.transpose(1, 2), depth_mix(q, keys, values).transpose(1, 2)
 
+    def activation_elems(self, router, B: int, T: int) -> tuple[int, int]:
+        """Kept: every layer's raw K and V (later layers score the keys and mix the values), each
+        routed layer's group-mean query (B, T, R, Hd) and its softmax over depth (B, T, R, l+1), which
+        the backward of the scores and of the mix read (the per-source products keep views, no
+        copies). Transient: the deepest layer's softmax gradient and its scores' (2 x (B, T, R, L))."""
+        L, R, Hd = router.n_layers, router.R, router.head_dim
+        kept = L * 2 * B * T * R * Hd + (L - 1) * B * T * R * Hd + sum(B * T * R * (l + 1) for l in range(1, L))
+        return kept, 2 * B * T * R * L
+
     def traffic_slots(self, router, block) -> int:
         n = router.n_layers
         return 3 * n * (n + 1) // 2  # every layer reads the keys and values of its sources, writes one value

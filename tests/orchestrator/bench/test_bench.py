@@ -52,7 +52,8 @@ def test_quick_bench_end_to_end(tmp_path):
     assert len(out["rows"]) == len(rows) and out["checks"]
     # the dynamic routers beside the static router of the same sources
     twins = {(r["router"], r["static_twin"]) for r in rows if r["static_twin"]}
-    assert twins == {("dynamic", "full"), ("dynamic-first-4", "first-4"), ("dynamic-last-4", "last-4")}
+    assert twins == {("dynamic", "full"), ("dynamic-first-4", "first-4"), ("dynamic-last-4", "last-4"),
+                     ("depth-attention", "full")}
     assert "| dynamic | full | L3-MHA | eager |" in md and "| dynamic-first-4 | first-4 | L3-GQA | eager |" in md
     for r in rows:  # the analytic routing memory: the dynamic kind keeps its queries on top of the K/V
         if r["static_twin"]:
@@ -103,6 +104,7 @@ def _compiled_quick_run(tmp_path, compile_mode="default", shapes=(QUICK_SHAPES[1
     return rows
 
 
+@pytest.mark.slow  # two minutes of Inductor builds; test_compiled_rows_only_at_the_compile_shapes covers the path
 def test_quick_bench_with_compiled_rows(tmp_path, monkeypatch):
     """Compiled rows beside the eager ones, each paired against none compiled alike. Inductor's
     C++ build takes minutes here, so this run compiles with Dynamo and AOTAutograd only (the

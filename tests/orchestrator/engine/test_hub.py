@@ -105,6 +105,7 @@ def test_lime_train_on_hf_without_the_hub_exits_2_with_one_line(tmp_path):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.cluster  # a Ray sweep: make test-cluster
 def test_a_sweep_does_not_retry_a_trial_that_cannot_reach_the_hub(tmp_path):
     """Under Ray: the trial fails once (max_failures 2 is not spent on it), the console says why in
     one line, and the traceback is in the trial's log."""

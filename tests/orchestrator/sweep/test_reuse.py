@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from tests.sweeps import TINY, sweep_env
@@ -165,6 +166,7 @@ def test_a_reused_process_trains_a_trial_and_its_retry_bit_for_bit_like_a_fresh_
     assert len(walls) == 2 and 0 < walls[0] < walls[1]  # each attempt adds its time
 
 
+@pytest.mark.cluster  # a Ray sweep: make test-cluster
 def test_a_ray_sweep_reuses_its_workers_and_records_its_start_up_and_wall_time(tmp_path):
     """One trial at a time, three trials: they share one worker process, every trial's curve equals
     the same trial trained alone in this process, one MLflow run per trial with its start-up

@@ -80,6 +80,7 @@ def _ray_status(d: Path, name: str) -> dict:
     return ray_trials(d / "results" / "ray" / name)
 
 
+@pytest.mark.cluster  # a Ray sweep: make test-cluster
 def test_local_sweep_nested_mlflow_runs_and_a_fault_retried_from_its_checkpoint(store):
     d, env = store
     name = "e2e-fault"
@@ -138,6 +139,7 @@ def test_local_sweep_nested_mlflow_runs_and_a_fault_retried_from_its_checkpoint(
     assert "finished 4" in st and all(c.info.run_id in st for c in children)
 
 
+@pytest.mark.cluster  # a Ray sweep: make test-cluster
 def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
     d, env = store
     name = "kill-resume"
@@ -219,6 +221,7 @@ def test_killed_driver_resumes_without_rerunning_or_duplicating(store):
     assert 20 <= resumed_at < 300
 
 
+@pytest.mark.cluster  # a Ray sweep: make test-cluster
 def test_a_crash_between_checkpoints_resumes_without_duplicate_steps(store, monkeypatch):
     """The engine flushes its metrics when a trial dies; the retry recomputes those steps from the
     last checkpoint and must not log them twice (what a Ray retry or resume does, without Ray)."""
