@@ -27,12 +27,3 @@ def config_tag(task: str) -> str:
 
 def metric_key(task: str, metric: str) -> str:
     return f"{METRIC_PREFIX}{task}/{metric}"
-
-
-def split_metric(key: str) -> tuple[str, str] | None:
-    """``eval/<task>/<metric>`` -> (task, metric); None for any other key."""
-    if not key.startswith(METRIC_PREFIX):
-        return None
-    rest = key[len(METRIC_PREFIX):]
-    task, sep, metric = rest.rpartition("/")
-    return (task, metric) if sep and task and metric else None

@@ -83,10 +83,6 @@ class Comparison:
         return pd.DataFrame([asdict(g) for g in self.groups],
                             columns=list(GroupSummary.__dataclass_fields__))
 
-    def posthoc_frame(self) -> pd.DataFrame:
-        return pd.DataFrame([asdict(r) for r in self.posthoc],
-                            columns=list(PairTest.__dataclass_fields__))
-
     def excluded_frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.excluded, columns=["value", "seed", "status", "reason"]
                             + (["trial_id"] if any("trial_id" in e for e in self.excluded) else []))

@@ -2,7 +2,7 @@
 
 ``paired`` (tests of per-seed differences: sign-flip permutation, Wilcoxon, Friedman, and the
 smallest p a design can reach), ``ranks`` (rank tests of independent samples: Mann-Whitney,
-Kruskal-Wallis, Cliff's delta), ``intervals`` (confidence intervals of a mean),
-``multiplicity`` (Holm) and ``power`` (power and detectable effects by seeded simulation).
+Kruskal-Wallis, Cliff's delta), ``multiplicity`` (Holm) and ``power`` (power and detectable
+effects by seeded simulation).
 Each is checked against scipy, statsmodels or a hand-worked table in ``tests/orchestrator/report``.
 """

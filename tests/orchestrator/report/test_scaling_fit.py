@@ -232,7 +232,7 @@ def test_the_stated_bootstrap_coverage():
     # the numbers the scaling section prints (markdown.COVERAGE_NOTE), by simulation of the same
     # percentile bootstrap (999 resamples) of a mean of n normal seeds
     from orchestrator.report.scaling.markdown import COVERAGE_NOTE
-    from orchestrator.report.stats.intervals import bootstrap_ci
+    from tests.orchestrator.decide.test_coverage import bootstrap_ci
 
     rng = np.random.default_rng(0)
     for n, stated in ((3, 0.76), (4, 0.79), (6, 0.87)):
