@@ -4,6 +4,7 @@ module grows past the size a reader can hold in mind."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,30 +87,73 @@ def _project_target(name: str) -> str | None:
     return name or None
 
 
-def imports(mod: str) -> list[tuple[str, int, bool]]:
-    """(target module, line, inside a function) for every project import of ``mod``."""
-    path = MODULES[mod]
-    tree = ast.parse(path.read_text())
+# a string that names a project module (``"orchestrator.sweep.driver"``, ``"pkg.mod:attr"``) is loaded
+# by name somewhere: importlib.import_module, a lazy command table, a declaration's implementation
+MODULE_STRING = re.compile(r"^((?:lime_arch|orchestrator)(?:\.\w+)*)(?::\w+)?$")
+# modules whose import_module reads a name written in another module, where the test sees it
+NAMED_ELSEWHERE = {"lime_arch.specs": "a declaration's `implementation = 'module:Base'`, in the declaring module"}
+
+
+def imports_of(mod: str, source: str, is_pkg: bool) -> list[tuple[str, int, str]]:
+    """(target module, line, how) for every project import in ``source`` of module ``mod``; how is
+    "top" (an import statement at module level), "function" (one inside a function) or "string"
+    (a string naming a project module: the lazy path of ``importlib.import_module``)."""
+    tree = ast.parse(source)
     out = []
 
     def visit(node, in_func):
         for child in ast.iter_child_nodes(node):
             f = in_func or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            how = "function" if f else "top"
             if isinstance(child, ast.Import):
                 for a in child.names:
                     t = _project_target(a.name)
                     if t:
-                        out.append((t, child.lineno, f))
+                        out.append((t, child.lineno, how))
             elif isinstance(child, ast.ImportFrom):
-                src = _resolve(child, mod, path.name == "__init__.py")
+                src = _resolve(child, mod, is_pkg)
                 for a in child.names:
                     t = _project_target(f"{src}.{a.name}") or _project_target(src)
                     if t:
-                        out.append((t, child.lineno, f))
+                        out.append((t, child.lineno, how))
+            elif isinstance(child, ast.Constant) and isinstance(child.value, str):
+                m = MODULE_STRING.match(child.value)
+                t = _project_target(m.group(1)) if m else None
+                if t:
+                    out.append((t, child.lineno, "string"))
             visit(child, f)
 
     visit(tree, False)
     return out
+
+
+def imports(mod: str) -> list[tuple[str, int, str]]:
+    path = MODULES[mod]
+    return imports_of(mod, path.read_text(), path.name == "__init__.py")
+
+
+def unseen_string_imports(source: str) -> list[int]:
+    """Lines of ``importlib.import_module(x)`` calls whose module this test cannot read: x is
+    neither a string literal, nor an f-string under the module's own ``__name__``, nor a name whose
+    values are the module's own project-module strings (a table such as ``_EXPORTS``)."""
+    tree = ast.parse(source)
+    has_names = any(isinstance(n, ast.Constant) and isinstance(n.value, str) and MODULE_STRING.match(n.value)
+                    for n in ast.walk(tree))
+    bad = []
+    for n in ast.walk(tree):
+        if not (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "import_module"
+                and n.args):
+            continue
+        arg = n.args[0]
+        if isinstance(arg, ast.Constant):
+            continue
+        if (isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.FormattedValue)
+                and isinstance(arg.values[0].value, ast.Name) and arg.values[0].value.id == "__name__"):
+            continue  # the module's own submodules: the same layer
+        if isinstance(arg, (ast.Name, ast.Subscript, ast.Attribute)) and has_names:
+            continue
+        bad.append(n.lineno)
+    return bad
 
 
 def _edge_ok(src: str, dst: str) -> bool:
@@ -134,12 +178,22 @@ def test_every_import_follows_the_layering():
 
 def test_no_project_import_inside_a_function():
     bad = [f"{src}:{line} imports {dst} inside a function"
-           for src in MODULES for dst, line, inner in imports(src) if inner]
+           for src in MODULES for dst, line, how in imports(src) if how == "function"]
+    assert not bad, "\n".join(bad)
+
+
+def test_every_string_import_is_seen():
+    # what importlib.import_module loads must be a string this test reads (above), else a lazy
+    # import could cross the layering unseen
+    bad = [f"{m}:{line}: importlib.import_module of a module this test cannot name"
+           for m, p in MODULES.items() if m not in NAMED_ELSEWHERE for line in unseen_string_imports(p.read_text())]
     assert not bad, "\n".join(bad)
 
 
 def test_no_import_cycle():
-    graph = {m: sorted({d for d, _, _ in imports(m) if d != m}) for m in MODULES}
+    # import statements only: a lazy import by name is how a cycle of use is allowed (a package's
+    # table of lazy names, a declaration naming its implementation)
+    graph = {m: sorted({d for d, _, how in imports(m) if d != m and how != "string"}) for m in MODULES}
     # a package's __init__ importing its own submodules is how packages work, not a cycle
     for m, deps in graph.items():
         graph[m] = [d for d in deps if not (MODULES[m].name == "__init__.py" and d.startswith(m + "."))]
@@ -207,3 +261,11 @@ def test_the_layering_test_sees_a_forbidden_edge(tmp_path):
     assert not _edge_ok("orchestrator.tasks.base", "lime_arch.routers")
     assert not _edge_ok("orchestrator.decide.waves", "orchestrator.report.build")
     assert not _edge_ok("orchestrator.decide.waves", "orchestrator.sweep.driver")
+    # a lazy import by name is an edge too, and one the test cannot name is reported
+    lazy = ("import importlib\n\n\ndef build():\n"
+            "    return importlib.import_module(\"orchestrator.sweep.driver\")\n")
+    assert imports_of("orchestrator.report.build", lazy, False) == [("orchestrator.sweep.driver", 5, "string")]
+    table = 'import importlib\n_LAZY = {"run": "orchestrator.sweep.driver:run"}\n'
+    assert imports_of("orchestrator.report.build", table, False) == [("orchestrator.sweep.driver", 2, "string")]
+    assert unseen_string_imports("import importlib\n\n\ndef f(m):\n    return importlib.import_module(m)\n") == [5]
+    assert unseen_string_imports(lazy) == []
