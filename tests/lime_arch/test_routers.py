@@ -144,8 +144,26 @@ def test_unknown_router_lists_registered():
         preset("tiny", router="fancy")
 
 
-REGISTERED = ("none, full, average, last-<int>, first-<int>, dilated-<int>, no-head-mix, per-dim, depth-attention, "
-              "dynamic, dynamic-first-<int>, dynamic-last-<int>")
+# The paper's routers (arXiv 2502.09245, Appendix F/G) and the dynamic ones (Appendix E), in registration order:
+# what the registry must hold at least. A router added by the documented recipe comes after them and
+# changes none of the tests below.
+PAPER_ROUTERS = ["none", "full", "average", "last", "first", "dilated", "no-head-mix", "per-dim", "depth-attention",
+                 "dynamic", "dynamic-first", "dynamic-last"]
+
+
+def _registered_forms() -> str:
+    """The registry as the unknown-router error lists it, written here from the classes: a name, then
+    '-<type>' per argument, joined by ', '."""
+    return ", ".join(name + "".join(f"-<{a.type.__name__}>" for a in cls.arguments) for name, cls in ROUTERS.items())
+
+
+REGISTERED = _registered_forms()
+
+
+def test_the_registry_holds_the_paper_routers_first():
+    assert list(ROUTERS)[:len(PAPER_ROUTERS)] == PAPER_ROUTERS
+    assert REGISTERED.startswith("none, full, average, last-<int>, first-<int>, dilated-<int>, no-head-mix, "
+                                 "per-dim, depth-attention, dynamic, dynamic-first-<int>, dynamic-last-<int>")
 
 
 @pytest.mark.parametrize("spec,message", [
@@ -174,12 +192,18 @@ def test_parse_and_spec_round_trip():
 
 
 def test_router_specs_come_from_the_registry():
-    assert registered_specs() == ["none", "full", "average", "last-4", "first-4", "dilated-8", "no-head-mix",
-                                  "per-dim", "depth-attention", "dynamic", "dynamic-first-4", "dynamic-last-4"]
-    assert registered_specs((2, 8)) == ["none", "full", "average", "last-2", "last-8", "first-2", "first-8",
-                                        "dilated-2", "dilated-8", "no-head-mix", "per-dim", "depth-attention",
-                                        "dynamic", "dynamic-first-2", "dynamic-first-8", "dynamic-last-2",
-                                        "dynamic-last-8"]
+    n = len(PAPER_ROUTERS)
+    assert registered_specs()[:n] == ["none", "full", "average", "last-4", "first-4", "dilated-8", "no-head-mix",
+                                      "per-dim", "depth-attention", "dynamic", "dynamic-first-4", "dynamic-last-4"]
+    assert registered_specs((2, 8))[:n + 5] == ["none", "full", "average", "last-2", "last-8", "first-2", "first-8",
+                                                "dilated-2", "dilated-8", "no-head-mix", "per-dim",
+                                                "depth-attention", "dynamic", "dynamic-first-2", "dynamic-first-8",
+                                                "dynamic-last-2", "dynamic-last-8"]
+    # every registered router, in registration order: a bare name, or one spec per given value
+    expected = [spec for name, cls in ROUTERS.items()
+                for spec in ([name] if not cls.arguments else
+                             [name + f"-{v}" * len(cls.arguments) for v in (2, 8)])]
+    assert registered_specs((2, 8)) == expected
     for spec in registered_specs((3,)):
         parse_router(spec)
 
