@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -64,13 +65,22 @@ def test_an_unreachable_hub_is_one_line_naming_the_alternatives_within_seconds(t
 def test_a_silent_endpoint_is_given_up_after_the_probe_timeout(monkeypatch):
     """A name lookup or connection that never returns (a firewall dropping packets): the probe's
     thread is abandoned after the timeout, whatever the socket does."""
+    release = threading.Event()
+
     def hang(*a, **k):
-        time.sleep(60)
+        release.wait(60)
+        raise OSError("released by the test")  # as a dropped connection ends, after the probe gave up
 
     monkeypatch.setattr(hub.socket, "create_connection", hang)
+    before = set(threading.enumerate())
     t0 = time.monotonic()
     why = hub.unreachable(timeout=0.5)
     assert why == "no answer within 0.5 s" and time.monotonic() - t0 < 1.5
+    (probe,) = set(threading.enumerate()) - before  # abandoned, still in the connection
+    assert probe.daemon  # it cannot keep the process alive
+    release.set()  # end it here: a later test must not meet it (it would call its own create_connection)
+    probe.join(5)
+    assert not probe.is_alive()
 
 
 def test_local_data_loads_without_asking_the_hub(tmp_path, no_hub, monkeypatch):

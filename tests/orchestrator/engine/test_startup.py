@@ -3,6 +3,7 @@ worker process resets before its next trial."""
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import subprocess
 import sys
@@ -158,12 +159,15 @@ def test_the_peak_memory_starts_again_with_each_trial():
         return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:")) / 1024
 
     startup.reset_peak_memory()  # earlier tests' peaks out of the way: the peak is now this test's
-    big = torch.ones(96 * 2**20 // 4)  # 96 MB, touched
+    # 96 MB of its own anonymous mapping, touched. Not a tensor: malloc may serve a tensor from free
+    # heap memory that earlier tests left behind, and keep it after `del`, so the RSS would not drop.
+    big = mmap.mmap(-1, 96 * 2**20)
+    torch.frombuffer(big, dtype=torch.uint8).fill_(1)
     high = peak_mb()
     t = threading.Thread(target=lambda: None)  # a thread that ends now: ru_maxrss would keep this peak
     t.start()
     t.join()
-    del big  # a large block goes back to the OS at once
+    big.close()  # unmapped: back to the OS at once
     startup.reset_peak_memory()
     assert peak_mb() < high - 64
     assert abs(peak_rss_mb() - peak_mb()) < 8  # what the metrics log
