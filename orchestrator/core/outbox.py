@@ -246,6 +246,9 @@ class Outbox:
             with self.cond:
                 self.closed = True
                 self.cond.notify_all()
+        # everything is sent (flush returned): the thread ends now; a process that runs many
+        # trials (a reused Ray worker) keeps none of them
+        self.thread.join(5.0)
 
     def _raise(self) -> None:
         if self.error is not None:

@@ -199,6 +199,11 @@ class RunLogger:
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         self._patient(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path), "logging an artifact")
 
+    def pause(self) -> None:
+        """Every metric sent and the sender's thread ended; the run stays RUNNING (a stopped trial
+        resumes in a later attempt, with a logger of its own)."""
+        self.outbox.close()
+
     def end(self, status: TrialStatus | str, wait: float | None = None) -> None:
         """Close the run: every metric sent, the trial's state as the ``status`` tag, its MLflow
         status from it (waiting at most ``wait`` seconds for the server)."""

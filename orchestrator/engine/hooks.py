@@ -140,7 +140,7 @@ class MLflowHook(Hook):
         self.logger.log_metrics(series, step, flush=checkpoint is not None)
 
     def on_stop(self, t: Trainer) -> None:
-        self.logger.flush()  # the run stays RUNNING: the trial continues on resume
+        self.logger.pause()  # the run stays RUNNING: the trial continues on resume
 
     def on_end(self, t: Trainer, status: TrialStatus) -> None:
         # where the final checkpoint is, so that a run id finds its model (lime eval, lime export)

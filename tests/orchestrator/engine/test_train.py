@@ -1,5 +1,6 @@
 import copy
 import math
+import threading
 from collections import Counter
 
 import pytest
@@ -241,6 +242,8 @@ def test_resume_continues_the_same_mlflow_run(mlflow_uri, tmp_path):
 
     ck = str(tmp_path / "ck")
     first = run_trial(tiny(steps=20, checkpoint_dir=ck), tracking=Tracking(experiment="r"), stop_at=10)
+    # the stopped attempt's metric sender is gone (a reused worker process would collect one per stop)
+    assert not [t for t in threading.enumerate() if t.name == "lime-mlflow-outbox"]
     second = run_trial(tiny(steps=20, checkpoint_dir=ck), tracking=Tracking(experiment="r"), resume=first.checkpoint)
     assert first.run_id == second.run_id
     cl = MlflowClient(mlflow_uri)
