@@ -84,8 +84,8 @@ def check_device(name: str) -> str:
 def cmd_eval(args) -> int:
     settings = settings_from_args(args)
     check_device(args.device)
-    if args.out:
-        check_out_folder(args.out, "--out")  # before the model is scored, not after
+    # before the model is scored, not after (the default: a folder under $LIME_RESULTS/eval)
+    check_out_folder(args.out or Path(os.environ.get("LIME_RESULTS") or "results") / "eval", "--out")
     path, run_id = resolve_target(args.target)
     done = evaluate_checkpoint(path, settings, run_id=args.run_id or run_id, device=args.device,
                                log=not args.no_log, key="")

@@ -88,8 +88,9 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(capsys, trai
     ]
     for argv, flag, kind in cases:
         where = argv[argv.index(flag) + 1]
-        expected = (f"error: {flag}: {where!r} is an existing file; the command writes a folder there" if kind == "folder"
-                    else f"error: {flag}: {where!r} is a folder; give the path of the file to write")
+        why = {"folder": "is an existing file; the command writes a folder there",
+               "file": "is a folder; give the path of the file to write"}[kind]
+        expected = f"error: {flag}: {where!r} {why}"
         assert _refused(capsys, argv) == expected, argv
     for argv in (["eval", ck, "--tasks", "lime_kv", "--no-log", "--out", UNWRITABLE],
                  ["analyze", ck, "--out", UNWRITABLE], ["report", "some-sweep", "--out", UNWRITABLE],
