@@ -144,3 +144,13 @@ def test_a_bad_second_target_or_label_stops_before_any_compute(capsys, trained, 
     assert _refused(capsys, ["eval", str(good), "--tasks", "lime_kv", "--include", "no-such-folder", "--no-log"]) == (
         "error: --include[0]: 'no-such-folder' is not a folder (of harness task YAML files)")
     assert list(nowhere.iterdir()) == []
+
+
+def test_a_cuda_device_where_torch_sees_none_is_one_line(capsys, trained, nowhere):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert _refused(capsys, ["eval", str(trained["full"]), "--tasks", "lime_kv", "--device", "cuda:0", "--no-log"]) == (
+        "error: --device: 'cuda:0', but torch sees 0 CUDA device(s) here; use cpu or auto")
+    assert list(nowhere.iterdir()) == []
