@@ -121,13 +121,23 @@ class Health:
         self.flushed = 0  # metrics that waited for the server during outages (sent when it answered)
         self.outages: list[float] = []  # durations of the outages that ended
         self.last_kept = 0  # the metrics that waited for the server in the last outage
+        self.said_wait = False  # this outage's line said that the trial waits
 
-    def down(self, exc: BaseException, started: float, what: str) -> None:
+    def down(self, exc: BaseException, started: float, what: str, wait: float | None = None) -> None:
+        """An outage seen by a call; ``wait``: the caller waits for the server at most this long
+        (``patient``: the trial does not go on meanwhile), None: it goes on (the outbox). The line
+        says which: a trial that waits to create its run is not training."""
+        waiting = wait is not None
         with self.lock:
             first = self.since is None
             if first:
                 self.since = started
-        if first:
+            say_wait = waiting and not self.said_wait
+            self.said_wait = self.said_wait or waiting
+        if say_wait:
+            self.say(f"MLflow at {self.uri} unreachable ({what}: {_short(exc)}); the trial waits for it, at most "
+                     f"{wait:g} s (${WAIT_ENV}), and goes on when it answers")
+        elif first:
             self.say(f"MLflow at {self.uri} unreachable ({what}: {_short(exc)}); training continues, metrics are "
                      f"kept and sent when it answers (waiting at most {wait_bound():g} s where a trial must: "
                      f"${WAIT_ENV})")
@@ -137,7 +147,7 @@ class Health:
         with self.lock:
             if self.since is None:
                 return
-            lasted, self.since = time.monotonic() - self.since, None
+            lasted, self.since, self.said_wait = time.monotonic() - self.since, None, False
             self.outages.append(lasted)
             self.flushed += kept
             self.last_kept = kept
@@ -183,7 +193,7 @@ def patient(fn: Callable[[], Any], what: str, h: Health | None = None, wait: flo
         except Exception as e:  # noqa: BLE001 - only outages are retried
             if not is_outage(e):
                 raise
-            h.down(e, t0, what)
+            h.down(e, t0, what, wait)
             waited = time.monotonic() - start
             if waited >= wait:
                 raise TrackingUnavailable(

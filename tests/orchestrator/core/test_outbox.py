@@ -145,7 +145,10 @@ def test_a_patient_call_waits_for_the_server_then_gives_up_with_a_line():
         return "run-1"
 
     assert outbox.patient(flaky, "creating the run", h, wait=10) == "run-1" and len(calls) == 3
-    assert lines[0].startswith("MLflow at http://tracking:5000 unreachable (creating the run: ConnectionRefusedError")
+    # the trial waits here (it is not training): its line says so, not "training continues"
+    assert lines[0] == ("MLflow at http://tracking:5000 unreachable (creating the run: ConnectionRefusedError: "
+                        "[Errno 111] Connection refused); the trial waits for it, at most 10 s "
+                        "($LIME_TRACKING_WAIT_S), and goes on when it answers")
     assert lines[1].startswith("MLflow at http://tracking:5000 back after ")
 
     def never():
@@ -157,6 +160,34 @@ def test_a_patient_call_waits_for_the_server_then_gives_up_with_a_line():
     assert str(e.value).endswith(" s (closing the run); gave up after $LIME_TRACKING_WAIT_S=0.3 s")
     with pytest.raises(KeyError):
         outbox.patient(lambda: {}["x"], "reading", h, wait=10)  # not an outage: at once
+
+
+def test_an_outage_that_comes_to_block_the_trial_says_so():
+    """Metrics first (the trial goes on), then a call the trial must wait for: a second line says it
+    waits, since the first one said that training continues."""
+    lines: list[str] = []
+    srv, h = Server(), _health(lines)
+    srv.up = False
+    box = Outbox(srv.send, h)
+    box.put([1])
+    time.sleep(0.3)
+    calls = []
+
+    def tag():
+        calls.append(1)
+        if not srv.up:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    threading.Timer(0.5, lambda: setattr(srv, "up", True)).start()
+    outbox.patient(tag, "setting a tag", h, wait=20)
+    box.close(10)
+    assert lines[0].endswith("training continues, metrics are kept and sent when it answers (waiting at most "
+                             "1800 s where a trial must: $LIME_TRACKING_WAIT_S)")
+    assert lines[1] == ("MLflow at http://tracking:5000 unreachable (setting a tag: ConnectionRefusedError: [Errno "
+                        "111] Connection refused); the trial waits for it, at most 20 s ($LIME_TRACKING_WAIT_S), and "
+                        "goes on when it answers")
+    assert lines[2].startswith("MLflow at http://tracking:5000 back after ") and len(lines) == 3
+    assert srv.stored == [1]
 
 
 @pytest.mark.parametrize("window, retries", [(30, 5), (14, 4), (2, 2), (0.5, 1), (300, 8)])
