@@ -254,7 +254,7 @@ def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
     else:
         default_steps = max(spec.trial_config(upper_corner(spec)).train.steps, 1)
     return live_view(total=spec.n_trials(), steps=steps, default_steps=default_steps, metric=metric, mode=mode,
-                     every=every)
+                     every=every, uri=tracking_uri())
 
 
 def _tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):

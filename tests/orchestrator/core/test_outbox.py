@@ -209,3 +209,56 @@ def test_a_bad_setting_is_one_line(monkeypatch):
     monkeypatch.setenv("LIME_TRACKING_WAIT_S", "forever")
     with pytest.raises(ConfigError, match=r"^\$LIME_TRACKING_WAIT_S: must be a number of seconds > 0, got 'forever'$"):
         outbox.wait_bound()
+
+
+def test_the_drivers_watch_says_an_outage_while_it_lasts_and_its_end():
+    """The sweep driver probes its server itself (a trial waiting to create its run reports
+    nothing): a line when it is seen away, one every ``repeat`` seconds, one when it is back."""
+    now = [0.0]
+    up = [True]
+
+    def probe():
+        if not up[0]:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    w = outbox.ServerWatch("http://tracking:5000", probe=probe, repeat=60, clock=lambda: now[0])
+    w.check()
+    assert w.news() is None
+    up[0], now[0] = False, 10.0
+    w.check()
+    now[0] = 12.0
+    assert w.news() == ("MLflow at http://tracking:5000 unreachable from the driver (ConnectionRefusedError: [Errno "
+                        "111] Connection refused); training trials go on and keep their metrics, starting ones wait "
+                        "for it (at most 1800 s: $LIME_TRACKING_WAIT_S)")
+    now[0] = 40.0
+    w.check()
+    assert w.news() is None  # said 28 s ago
+    now[0] = 75.0
+    assert w.news() == "MLflow at http://tracking:5000 still unreachable, for 65 s"
+    up[0], now[0] = True, 100.0
+    w.check()
+    assert w.news() == "MLflow at http://tracking:5000 answers again after 90 s; the trials send what they kept"
+    assert w.news() is None
+    up[0] = False  # an outage over before anything was printed is not announced as ended
+    w.check()
+    up[0] = True
+    w.check()
+    assert w.news() is None
+
+
+def test_the_watch_probes_a_real_socket_within_seconds():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now: refused at once
+    w = outbox.ServerWatch(f"http://127.0.0.1:{port}", every=0.1).start()
+    t0 = time.monotonic()
+    line = None
+    while line is None and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+        line = w.news()
+    w.close()
+    assert line is not None and line.startswith(f"MLflow at http://127.0.0.1:{port} unreachable from the driver (")
+    assert time.monotonic() - t0 < 10
