@@ -14,7 +14,7 @@ from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.plots import plot_entropy, plot_expected_source, plot_probe, plot_router_map
 from orchestrator.analysis.routes import routes_markdown
 from orchestrator.core.outputs import check_out_folder
-from orchestrator.core.tracking import client, existing_client, existing_run
+from orchestrator.core.tracking import client, existing_client, existing_run, missing_store, tracking_uri
 from orchestrator.engine.checkpoint import read_model_checkpoint
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.trial_config import TrialConfig
@@ -90,6 +90,16 @@ def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> None:
         cl.log_batch(run_id, metrics=items[i:i + 500])
 
 
+def _reachable(run_id: str) -> bool:
+    if missing_store() is not None:
+        return False
+    try:
+        client().get_run(run_id)
+    except Exception:  # noqa: BLE001 - deleted, or of another store
+        return False
+    return True
+
+
 def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
@@ -111,11 +121,13 @@ def cmd_analyze(args) -> int:
         if label in opened:
             raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
         opened[label] = (cfg, ck, args.run_id or ck.get("run_id"))
-    runs = sorted({run for *_, run in opened.values() if run})
-    if runs:
-        cl = existing_client(f"run {runs[0]}")
-        for run in runs:
-            existing_run(run, cl)
+    if args.run_id:  # a run named on the command line must be there
+        existing_run(args.run_id, existing_client(f"--run-id {args.run_id}"))
+    else:  # a checkpoint's own run: logged to when its store has it, else said (nothing is created)
+        for label, (cfg, ck, run) in list(opened.items()):
+            if run and not _reachable(run):
+                print(f"{label}: not logged: its run {run} is not in the MLflow store {tracking_uri()}")
+                opened[label] = (cfg, ck, None)
     results = {}
     for label, (cfg, ck, target) in opened.items():
         data, model = _load(cfg, ck)

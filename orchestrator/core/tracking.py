@@ -76,7 +76,7 @@ def existing_client(what: str, uri: str | None = None):
     path = missing_store(uri)
     if path is not None:
         raise ConfigError(f"{what}: no MLflow store at {path} (nothing was created); set MLFLOW_TRACKING_URI to "
-                          "the store the run was logged to")
+                          "the store the run was logged to, or --no-log")
     return client(uri)
 
 

@@ -34,16 +34,12 @@ def evaluate_checkpoint(path: str | Path, settings: EvalSettings, *, run_id: str
     ``log`` is false. ``complete_tag``: also mark the run as evaluated under ``settings`` (a
     sweep's skip of the whole trial next time)."""
     opened = read_model_checkpoint(path)  # what is no checkpoint is one line before anything else
+    target = (run_id or opened[1].get("run_id")) if log else None
+    cl = existing_client(f"run {target}") if target else None
+    run = existing_run(target, cl) if target else None  # not there: one line before any work, no store made
     resolved = resolved or resolve(settings, key)
-    cl = None
-    if log and run_id:  # a run that is not there is one line before the model loads (and creates no store)
-        cl = existing_client(f"run {run_id}")
-        existing_run(run_id, cl)
     trained = load_trained(path, pick_device(device), opened)
-    target = (run_id or trained.run_id) if log else None
-    if target and cl is None:
-        cl = existing_client(f"run {target} (the checkpoint's)")
-    skip = done_keys(existing_run(target, cl)) if target else {}
+    skip = done_keys(run) if run is not None else {}
     outcome = evaluate(trained.model, trained.tokenizer, settings, skip=skip, resolved=resolved, key=key)
     if target:
         tag = settings_hash(settings, trained.step) if complete_tag else None

@@ -154,3 +154,30 @@ def test_a_cuda_device_where_torch_sees_none_is_one_line(capsys, trained, nowher
     assert _refused(capsys, ["eval", str(trained["full"]), "--tasks", "lime_kv", "--device", "cuda:0", "--no-log"]) == (
         "error: --device: 'cuda:0', but torch sees 0 CUDA device(s) here; use cpu or auto")
     assert list(nowhere.iterdir()) == []
+
+
+def test_a_checkpoints_own_run_in_a_store_that_is_not_there(capsys, trained, nowhere, monkeypatch):
+    import torch
+
+    import orchestrator.cli.analyze as analyze
+
+    ck = torch.load(trained["full"] / "checkpoint.pt", weights_only=True)
+    f = nowhere / "with-run.pt"
+    torch.save({**ck, "run_id": "feedbeef"}, f)
+    # eval logs to the checkpoint's run unless --no-log: refused before the model loads, nothing created
+    assert _refused(capsys, ["eval", str(f), "--tasks", "lime_kv"]) == (
+        f"error: run feedbeef: no MLflow store at {nowhere / 'track' / 'mlflow.db'} (nothing was created); set "
+        "MLFLOW_TRACKING_URI to the store the run was logged to, or --no-log")
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(analyze, "analyze_model", stop)
+    with pytest.raises(Stop):  # analyze has no --no-log: it says the run is not there and goes on
+        main(["analyze", f"x={f}", "--out", str(nowhere / "an")])
+    assert capsys.readouterr().out == (
+        f"x: not logged: its run feedbeef is not in the MLflow store sqlite:///{nowhere}/track/mlflow.db\n")
+    assert sorted(p.name for p in nowhere.iterdir()) == ["with-run.pt"]
