@@ -65,6 +65,10 @@ SWEEP_CASES: dict[str, tuple[dict | str | bytes, str]] = {
     "depth-mix-arg-zero": ({"base.model.depth_mix": "denseformer-0"}, "needs a positive integer for dilation"),
     "depth-mix-too-many-args": ({"base.model.depth_mix": "hyper-connections-2-2"}, "takes at most 1"),
     "depth-mix-period-too-long": ({"base.model.depth_mix": "denseformer-1-9"}, "period 9 exceeds model.n_layers=2"),
+    "depth-mix-giant": ({"base.model.depth_mix": "mhc-100000"}, "depth_mix mhc-100000 (128P of them)"),
+    "sinkhorn-rounds": ({"base.model.depth_mix": "mhc-4-1000000000"}, "at most 1000 Sinkhorn-Knopp rounds"),
+    "prune-never-starts": ({"base.model.router": "full", "base.model.router_prune": {"top_p": 0.9, "start": 500}},
+                           "base.model.router_prune.start: 500 is beyond train.steps=20"),
     "negative-lr": ({"base.optim.lr": -1.0}, "base.optim.lr: must be > 0"),
     "steps-not-a-number": ({"base.train.steps": "many"}, "base.train.steps: must be an integer"),
     "batch-size-bool": ({"base.train.batch_size": True}, "base.train.batch_size: must be an integer"),
@@ -138,6 +142,11 @@ def cases(folder: Path) -> list[Case]:
     out.append(Case("shared-base-run", ("sweep", "run", str(base), "--dry-run"), "a shared base"))
     out.append(Case("bad-add-seeds", ("sweep", "run", str(folder / "unknown-router.yaml"), "--add-seeds", "x"),
                     "--add-seeds"))
+    waves = folder / "waves.yaml"  # a valid sweep: the flags of --until-decided are what is wrong
+    _write(waves, _sweep("waves", {}))
+    out.append(Case("max-seeds-above-limit", ("sweep", "run", str(waves), "--until-decided", "--max-seeds", "100000"),
+                    "--max-seeds: must be an integer in [2, 1000]"))
+    out.append(Case("empty-margin", ("sweep", "run", str(waves), "--until-decided", "--margin", ""), "--margin: empty"))
     out.append(Case("plan-unknown-router", ("plan", str(folder / "unknown-router.yaml")), "unknown router"))
     out.append(Case("report-missing-file", ("report", str(folder / "nowhere.yaml")), "does not exist"))
     for name, (content, expect) in TRAIN_CASES.items():

@@ -52,6 +52,10 @@ class AttentionResiduals(DepthMix):
     """Full Attention Residuals: every sublayer and the final norm read a softmax mixture of the
     embedding and all earlier sublayer outputs (module docstring)."""
 
+    @classmethod
+    def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
+        return (2 * n_layers + 1) * d_model  # one query per sublayer and the final norm
+
     def __init__(self, **kw):
         import torch
         from torch import nn

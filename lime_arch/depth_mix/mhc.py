@@ -55,6 +55,9 @@ if TYPE_CHECKING:
     from torch import Tensor
 
 
+MAX_SINKHORN_ROUNDS = 1000  # 50 times the paper's: more is a typo, and hours of normalising per step
+
+
 def sinkhorn_knopp(M: Tensor, iters: int) -> Tensor:
     """``iters`` rounds of row then column normalisation of a positive (..., n, n) matrix."""
     for _ in range(iters):
@@ -102,6 +105,18 @@ class ManifoldHyperConnections(DepthMix):
             bias[k, k % n] = 1.0
             bias[k, 2 * n:] = torch.eye(n).flatten()
         self.bias = nn.Parameter(bias)
+
+    @classmethod
+    def check(cls, args: dict, n_layers: int) -> str | None:
+        if args["iters"] > MAX_SINKHORN_ROUNDS:  # each round is two normalisations per token, sublayer and step
+            return (f"iters {args['iters']}: at most {MAX_SINKHORN_ROUNDS} Sinkhorn-Knopp rounds (the mHC paper "
+                    "uses 20)")
+        return None
+
+    @classmethod
+    def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
+        n, K = args["rate"], 2 * n_layers
+        return K * (n * d_model * n * (n + 2) + 3 + n * (n + 2))  # phi, the gates, the biases per sublayer
 
     def decays(self, name: str) -> bool:
         return name.startswith("proj.")

@@ -90,6 +90,15 @@ class MUDDFormer(DepthMix):
         self.bias = nn.ParameterList(biases)  # b_i: (ways, i + 2)
         self.kv_gain = nn.Parameter(torch.ones(max(L - 1, 0), 2, C))  # (g_k, g_v) of blocks 1..L-1
 
+    @classmethod
+    def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
+        L, C, total = n_layers, d_model, 2 * d_model * max(n_layers - 1, 0)  # the K and V gains
+        for i in range(L):
+            w, s = (1 if i == L - 1 else WAYS), i + 2
+            h = hidden_width(w, s, i == L - 1)
+            total += C * h + h * w * s + w * s  # W1, W2 and the bias of block i
+        return total
+
     def decays(self, name: str) -> bool:
         return name.startswith("proj.")
 

@@ -49,6 +49,11 @@ class DenseFormer(DepthMix):
         self.weights = nn.ParameterList(weights)  # weights[m]: (|S_i|,) for points[m] = i
 
     @classmethod
+    def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
+        # one weight per source of every DWA point i: the j <= i with (i - j) % dilation == 0
+        return sum(i // args["dilation"] + 1 for i in range(1, n_layers + 1) if i % args["period"] == 0)
+
+    @classmethod
     def check(cls, args: dict, n_layers: int) -> str | None:
         if args["period"] > n_layers:
             return f"period {args['period']} exceeds model.n_layers={n_layers}: no DWA would run"
@@ -132,6 +137,12 @@ class HyperConnections(DepthMix):
         if self.dynamic:
             self.proj = nn.ParameterList([nn.Parameter(torch.zeros(self.d_model, n + 2)) for _ in range(K)])
             self.scale = nn.Parameter(torch.full((K, 2), 0.01))  # (s_a, s_b) per sublayer
+
+    @classmethod
+    def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
+        n, K = args["rate"], 2 * n_layers
+        static = K * n * (n + 1) + K * n  # alpha, beta per sublayer
+        return static + (K * d_model * (n + 2) + 2 * K if cls.dynamic else 0)  # W, (s_a, s_b)
 
     def decays(self, name: str) -> bool:
         return name.startswith("proj.")
@@ -248,6 +259,10 @@ class ValueResidual(DepthMix):
 class LearnedValueResidual(ValueResidual):
     """The value residual with learned per-layer mixes: l1_l V_1 + l2_l V_l, both 0.5 at init (so
     step 0 equals ``value-residual``); 2 (L - 1) scalars, without weight decay."""
+
+    @classmethod
+    def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
+        return 2 * max(n_layers - 1, 0)
 
     def __init__(self, **kw):
         import torch

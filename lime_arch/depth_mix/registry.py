@@ -92,6 +92,13 @@ class DepthMix(Declared):
         """What is wrong with these arguments for a model of ``n_layers`` layers (None: nothing)."""
         return None
 
+    @classmethod
+    def param_count(cls, args: dict[str, int | float], *, n_layers: int, d_model: int) -> int:
+        """How many weights the built mix has for a model of this shape, torch-free: the size guards
+        (``lime_arch.size``) count them before anything is built or imported (a test holds every
+        entry to its built module's count). Default: none."""
+        return 0
+
     # -- the per-pass hooks (defaults: the plain residual stream) -------------------------------
     def begin(self, x: Tensor, memo: dict) -> Tensor:
         return x

@@ -62,9 +62,18 @@ def eval_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", help="folder for the harness's results.json (default $LIME_RESULTS/eval/<run>)")
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the CLI's error format: one ``error:`` line naming the command, exit code 2
+    (argparse prints its usage block first; ``lime <command> --help`` shows it)."""
+
+    def error(self, message: str):
+        print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="lime", description="LIMe architecture ablations and sweeps")
-    sub = p.add_subparsers(dest="command", required=True)
+    p = Parser(prog="lime", description="LIMe architecture ablations and sweeps")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     t = sub.add_parser("train", help="train one trial")
     t.add_argument("--config", help="trial YAML (preset, model, data, optim, train sections)")
@@ -81,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=_lazy("orchestrator.cli.train:cmd_train"))
 
     s = sub.add_parser("sweep", help="run or inspect a sweep")
-    ssub = s.add_subparsers(dest="sweep_command", required=True)
+    ssub = s.add_subparsers(dest="sweep_command", required=True, parser_class=Parser)
     sr = ssub.add_parser("run", help="run (or resume) a sweep file with Ray Tune")
     sr.add_argument("file")
     sr.add_argument("--address", help="Ray cluster address (default: $RAY_ADDRESS, else a local Ray)")

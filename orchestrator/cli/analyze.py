@@ -13,25 +13,26 @@ from lime_arch import ConfigError, build_model
 from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.plots import plot_entropy, plot_expected_source, plot_probe, plot_router_map
 from orchestrator.analysis.routes import routes_markdown
-from orchestrator.core.tracking import client
+from orchestrator.core.outputs import check_out_folder
+from orchestrator.core.tracking import client, existing_client, existing_run, missing_store, tracking_uri
+from orchestrator.engine.checkpoint import read_model_checkpoint
 from orchestrator.engine.data import make_batches
-from orchestrator.engine.trial import CKPT_NAME, load_checkpoint
 from orchestrator.engine.trial_config import TrialConfig
 
 
-def _load(spec: str):
+def _open(spec: str) -> tuple[str, TrialConfig, dict]:
+    """(label, trial config, checkpoint) of ``label=path`` or ``path``: read and checked, no model built."""
     label, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
-    p = Path(path)
-    if not (p.is_file() or (p / CKPT_NAME).is_file()):
-        raise ConfigError(f"checkpoints: {path!r} is not a checkpoint file or folder")
-    ck = load_checkpoint(p)
-    if "config" not in ck:
-        raise ConfigError(f"checkpoints: {path!r} has no trial config (written by an older version)")
+    _, ck = read_model_checkpoint(path)
     cfg = TrialConfig.from_dict(ck["config"])
+    return label or cfg.model_config(vocab_size=ck.get("vocab_size")).router, cfg, ck
+
+
+def _load(cfg: TrialConfig, ck: dict):
     data = make_batches(cfg.data)
     model = build_model(cfg.model_config(vocab_size=data.vocab_size))
     model.load_state_dict(ck["model"])
-    return label or f"{cfg.model_config(vocab_size=data.vocab_size).router}", cfg, data, model, ck.get("run_id")
+    return data, model
 
 
 def write_outputs(results: dict, out: Path) -> list[Path]:
@@ -89,6 +90,16 @@ def log_to_run(run_id: str, metrics: dict[str, float], step: int) -> None:
         cl.log_batch(run_id, metrics=items[i:i + 500])
 
 
+def _reachable(run_id: str) -> bool:
+    if missing_store() is not None:
+        return False
+    try:
+        client().get_run(run_id)
+    except Exception:  # noqa: BLE001 - deleted, or of another store
+        return False
+    return True
+
+
 def _safe(s: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in s)
 
@@ -101,15 +112,28 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--alpha: must be > 0, got {args.alpha}")
     if args.routes < 0:
         raise ConfigError(f"--routes: must be >= 0, got {args.routes}")
-    loaded = [_load(s) for s in args.checkpoints]  # every checkpoint checked before any compute
-    results = {}
-    for label, cfg, data, model, run_id in loaded:
-        if label in results:
+    if args.sequences < 1:
+        raise ConfigError(f"--sequences: must be >= 1, got {args.sequences}")
+    check_out_folder(args.out, "--out")
+    opened = {}  # every checkpoint read and checked, its label free and its run there, before any compute
+    for spec in args.checkpoints:
+        label, cfg, ck = _open(spec)
+        if label in opened:
             raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
+        opened[label] = (cfg, ck, args.run_id or ck.get("run_id"))
+    if args.run_id:  # a run named on the command line must be there
+        existing_run(args.run_id, existing_client(f"--run-id {args.run_id}"))
+    else:  # a checkpoint's own run: logged to when its store has it, else said (nothing is created)
+        for label, (cfg, ck, run) in list(opened.items()):
+            if run and not _reachable(run):
+                print(f"{label}: not logged: its run {run} is not in the MLflow store {tracking_uri()}")
+                opened[label] = (cfg, ck, None)
+    results = {}
+    for label, (cfg, ck, target) in opened.items():
+        data, model = _load(cfg, ck)
         r = analyze_model(model, data, sequences=args.sequences, seq_len=cfg.train.seq_len, alpha=args.alpha,
                           words=words, routes=args.routes)
         results[label] = r
-        target = args.run_id or run_id
         if target:
             log_to_run(target, r.metrics, step=cfg.train.steps)
             print(f"{label}: logged {len(r.metrics)} analysis metrics to MLflow run {target}")

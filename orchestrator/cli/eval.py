@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 from lime_arch import ConfigError
 from orchestrator.core.fmt import num
+from orchestrator.core.outputs import check_out_folder
 from orchestrator.evaluation.run import evaluate_checkpoint
 from orchestrator.evaluation.settings import eval_settings
 from orchestrator.sweep.checkpoints import resolve_target
@@ -62,8 +64,28 @@ def score_lines(outcome) -> list[str]:
     return lines
 
 
+DEVICE = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+
+
+def check_device(name: str) -> str:
+    """``--device``: auto, cpu, cuda or cuda:<index>, and a CUDA device only where torch sees one."""
+    if not DEVICE.fullmatch(name):
+        raise ConfigError(f"--device: must be auto, cpu, cuda or cuda:<index>, got {name!r}")
+    if name.startswith("cuda"):
+        import torch
+
+        count = torch.cuda.device_count()
+        index = int(name.partition(":")[2] or 0)
+        if index >= count:
+            raise ConfigError(f"--device: {name!r}, but torch sees {count} CUDA device(s) here; use cpu or auto")
+    return name
+
+
 def cmd_eval(args) -> int:
     settings = settings_from_args(args)
+    check_device(args.device)
+    # before the model is scored, not after (the default: a folder under $LIME_RESULTS/eval)
+    check_out_folder(args.out or Path(os.environ.get("LIME_RESULTS") or "results") / "eval", "--out")
     path, run_id = resolve_target(args.target)
     done = evaluate_checkpoint(path, settings, run_id=args.run_id or run_id, device=args.device,
                                log=not args.no_log, key="")

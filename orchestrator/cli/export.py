@@ -2,11 +2,13 @@
 (``orchestrator.export.hf``: weights, config, tokenizer and the modeling code)."""
 from __future__ import annotations
 
+from orchestrator.core.outputs import check_out_folder
 from orchestrator.export.hf import export
 from orchestrator.sweep.checkpoints import resolve_target
 
 
 def cmd_export(args) -> int:
+    check_out_folder(args.to, "--to", empty=True)  # before the checkpoint is read
     path, run_id = resolve_target(args.target)
     files = export(path, args.to, run_id=run_id)
     for f in files:

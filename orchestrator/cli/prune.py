@@ -22,10 +22,12 @@ import numpy as np
 
 from lime_arch import ConfigError
 from orchestrator.cli.analyze import log_to_run
-from orchestrator.core.tracking import client
+from orchestrator.core.outputs import check_out_file, check_out_folder
+from orchestrator.core.tracking import client, existing_client, existing_run
 from orchestrator.decide.intervals import paired_interval
 from orchestrator.decide.verdict import verdict
-from orchestrator.evaluation.prune import markdown, metrics, prune_checkpoint, save_pruned
+from orchestrator.engine.checkpoint import CKPT_NAME
+from orchestrator.evaluation.prune import markdown, metrics, open_prunable, prune_checkpoint, save_pruned
 from orchestrator.sweep.checkpoints import resolve_target
 
 LEVEL = 0.95
@@ -58,13 +60,33 @@ def cmd_prune(args) -> int:
         raise ConfigError(f"--margin: must be > 0, got {args.margin}")
     if args.run_id and len(args.targets) > 1:
         raise ConfigError("--run-id: only with one target (each target logs to its own run)")
-    resolved = [resolve_target(t) for t in args.targets]  # every target checked before any compute
-    results, taken = {}, set()
-    for ref, (path, run_id) in zip(args.targets, resolved):
-        p = prune_checkpoint(path, args.top_p, renormalize=not args.no_renormalize)
-        label = _label(ref, p.path, taken)
+    out = Path(args.out) if args.out else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
+        f"top_p_{args.top_p:g}.md"
+    check_out_file(out, "--out")
+    if args.save:
+        check_out_folder(args.save, "--save")
+    # every target read and checked (a checkpoint with a prunable router, a run that is there, a
+    # free --save folder) before any compute
+    opened, taken = {}, set()
+    for ref in args.targets:
+        path, run_id = resolve_target(ref)
+        target = open_prunable(path)
+        label = _label(ref, target.file.parent, taken)
         taken.add(label)
-        results[label] = (p, args.run_id or run_id or p.run_id)
+        opened[label] = (target, args.run_id or run_id or target.ck.get("run_id"))
+        if args.save:
+            folder = Path(args.save) if len(args.targets) == 1 else Path(args.save) / label
+            if (folder / CKPT_NAME).exists():
+                raise ConfigError(f"--save: {str(folder)!r} holds a checkpoint already; choose a new folder")
+    runs = sorted({run for _, run in opened.values() if run}) if not args.no_log else []
+    if runs:
+        cl = existing_client(f"run {runs[0]}")
+        for run in runs:
+            existing_run(run, cl)
+    results = {}
+    for label, (target, run) in opened.items():
+        p = prune_checkpoint(target, args.top_p, renormalize=not args.no_renormalize)
+        results[label] = (p, run)
         print(f"{label}: validation loss {p.loss_before:.4f} -> {p.loss_after:.4f} ({p.change:+.4f}); pruned "
               f"{sum(p.stats.pruned)} of {sum(p.stats.total)} router weights ({p.stats.fraction:.1%}), "
               f"{sum(map(len, p.stats.skipped))} source layers skipped")
@@ -79,8 +101,6 @@ def cmd_prune(args) -> int:
     if len(results) >= 2:
         lines += paired_lines({k: p.change for k, (p, _) in results.items()}, args.margin)
     text = "\n".join(lines) + "\n"
-    out = Path(args.out) if args.out else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
-        f"top_p_{args.top_p:g}.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"wrote {out}")

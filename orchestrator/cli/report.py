@@ -23,6 +23,7 @@ from pathlib import Path
 
 from lime_arch.errors import ConfigError
 from orchestrator.core import tracking
+from orchestrator.core.outputs import check_out_folder
 from orchestrator.core.record import ReportSettings
 from orchestrator.sweep.blocks import check_name
 from orchestrator.sweep.spec import load_spec
@@ -36,8 +37,14 @@ def cmd_report(args) -> int:
         if args.sweep or args.metric or args.axis or args.baseline:
             raise ConfigError("report --pool: name the sweeps in --pool only (each is compared as its own report "
                               "compares it; no SWEEP, --metric, --axis or --baseline)")
+        names = [n.strip() for n in args.pool.split(",") if n.strip()]
+        for n in names:  # each becomes a path and is looked up: checked before anything is read or written
+            check_name(n, "report --pool")
+        check_out_folder(args.out, "--out")
+        for n in names:
+            check_store(n)
         pool = importlib.import_module("orchestrator.report.pool")
-        print(pool.build_pool([n.strip() for n in args.pool.split(",") if n.strip()], out=args.out))
+        print(pool.build_pool(names, out=args.out))
         return 0
     if not args.sweep:
         raise ConfigError("report: name a sweep (or a sweep file), or --pool A,B,...")
@@ -46,6 +53,7 @@ def cmd_report(args) -> int:
         name, settings, sweep_file = settings_from_file(Path(args.sweep))
     else:
         check_name(name, "report")
+    check_out_folder(args.out, "--out")
     check_store(name)
     build = importlib.import_module("orchestrator.report.build")  # pandas, scipy, MLflow: the file is read
     path = build.build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,

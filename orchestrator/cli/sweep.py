@@ -13,7 +13,7 @@ from lime_arch.errors import ConfigError
 from orchestrator.cli.plan import dry_run_block
 from orchestrator.core.tracking import tracking_uri
 from orchestrator.sweep import connect
-from orchestrator.sweep.blocks import check_name
+from orchestrator.sweep.blocks import check_name, with_options
 from orchestrator.sweep.spec import load_spec
 
 
@@ -21,8 +21,7 @@ def cmd_run(args) -> int:
     add = _add_seeds(getattr(args, "add_seeds", None))
     spec = load_spec(args.file)  # every check; ConfigError -> one line, exit 2, nothing started
     options = (getattr(args, "until_decided", False), getattr(args, "max_seeds", None), getattr(args, "margin", None))
-    if spec.decide is not None or options != (False, None, None):  # the file is valid; the wave options
-        spec = importlib.import_module("orchestrator.sweep.decide").with_options(spec, *options)
+    spec = with_options(spec, *options)  # the wave options, checked with the file: still torch-free
     if spec.decide is not None and add:
         raise ConfigError("--add-seeds: a sweep run until decided adds its own seeds (waves); drop --add-seeds")
     address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None
@@ -57,6 +56,8 @@ def _add_seeds(value: str | None) -> int:
 def _dry_run(spec, address: str | None, add: int) -> str:
     """The dry run of the sweep a run would launch: with the seeds in effect, and what a run of
     this file would add to (or refuse about) the sweep it continues. Writes nothing."""
+    if spec.eval is not None:  # its tasks resolve and their data can be had, as a launch checks them
+        importlib.import_module("orchestrator.sweep.evaluate").preflight(spec)
     view = importlib.import_module("orchestrator.sweep.view")
     extend = importlib.import_module("orchestrator.sweep.extend")
     exp_dir = view.experiment_dir(spec.name)
@@ -75,11 +76,11 @@ def _dry_run(spec, address: str | None, add: int) -> str:
 
 
 def eval_line(spec) -> str:
-    """The eval: block in one line (its tasks and data are checked when the sweep is launched)."""
+    """The eval: block in one line (its tasks and data were checked: ``evaluate.preflight``)."""
     tasks = ", ".join(f"{t} ({'default' if n is None else n}-shot)" for t, n in spec.eval.plan())
     return (f"eval: after the trials, each finished trial's final checkpoint on {tasks}"
             + (", with the gold-answer bits per byte of the multiple-choice ones" if spec.eval.gold_loss else "")
-            + "; tasks and data are checked at launch, before any training")
+            + "; tasks and data checked")
 
 
 def _before_last(text: str, line: str) -> str:

@@ -20,7 +20,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+from lime_arch.errors import ConfigError
 from orchestrator.core import exposure, outbox
 from orchestrator.core.dashboard import EXPERIMENT_TAGS
 from orchestrator.core.record import PARENT_RUN, end_run
@@ -51,6 +53,42 @@ def client(uri: str | None = None):
     uri = uri or tracking_uri()
     init_store(uri)
     return MlflowClient(tracking_uri=uri)
+
+
+def missing_store(uri: str | None = None) -> Path | None:
+    """The path of a local store (sqlite database, or file store folder) that does not exist;
+    None for one that does and for a server."""
+    uri = uri or tracking_uri()
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        return None if path.is_file() else path
+    if uri.startswith("file:") or ":" not in uri:  # a file store (a plain path is one too)
+        path = Path(urlparse(uri).path if uri.startswith("file:") else uri)
+        return None if path.is_dir() else path
+    return None
+
+
+def existing_client(what: str, uri: str | None = None):
+    """A client of a store that must already exist because ``what`` (a run id, a sweep) is looked
+    up in it: a local store that is not there is one ConfigError line, and nothing is created
+    (``client()`` would create the folder and a new database)."""
+    uri = uri or tracking_uri()
+    path = missing_store(uri)
+    if path is not None:
+        raise ConfigError(f"{what}: no MLflow store at {path} (nothing was created); set MLFLOW_TRACKING_URI to "
+                          "the store the run was logged to, or --no-log")
+    return client(uri)
+
+
+def existing_run(run_id: str, cl=None):
+    """The run ``run_id`` of the store (which must exist: ``existing_client``), or one ConfigError
+    line: a command that logs to a run checks it before its work."""
+    cl = cl or existing_client(f"run {run_id}")
+    try:
+        return cl.get_run(run_id)
+    except Exception:  # noqa: BLE001 - deleted, mistyped, or of another store
+        raise ConfigError(f"run {run_id}: not a run of the MLflow store {getattr(cl, 'tracking_uri', '')} "
+                          "(set MLFLOW_TRACKING_URI, or --no-log)") from None
 
 
 _initialised: set[str] = set()

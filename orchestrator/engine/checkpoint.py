@@ -25,7 +25,8 @@ from lime_arch.errors import ConfigError
 
 CKPT_NAME = "checkpoint.pt"
 FORMAT_KEY, FORMAT_VERSION = "format_version", 1  # written since 1; older checkpoints have no key (0)
-REQUIRED = ("model", "optimizer", "scheduler", "rng", "step")
+REQUIRED = ("model", "optimizer", "scheduler", "rng", "step")  # what a resume reads
+MODEL = ("model", "config")  # what a command that reads the model needs
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's archive
 FRESH = "to start fresh, run without --resume"
 OR_FRESH = "or start fresh (run without --resume)"
@@ -64,19 +65,33 @@ def load_checkpoint(path: str | Path) -> dict:
     return torch.load(p, map_location="cpu", weights_only=True)
 
 
-def read_checkpoint(path: str | Path, flag: str = "--resume") -> dict:
-    """A user-given checkpoint (file or folder), validated: one ConfigError line naming the path
-    and what is wrong otherwise."""
-    p = Path(path)
+def checkpoint_path(path: str | Path, flag: str = "--resume", hint: str | None = FRESH) -> Path:
+    """The checkpoint file of a user-given path (a file, or a folder holding ``checkpoint.pt``), or
+    one ConfigError line naming the path and what is wrong."""
+    tail = f"; {hint}" if hint else ""
+    p = Path(path).expanduser()
     if not p.exists():
-        raise ConfigError(f"{flag} {path}: no such file or folder; {FRESH}")
+        raise ConfigError(f"{flag} {path}: no such file or folder{tail}")
     if p.is_dir():
         if not (p / CKPT_NAME).is_file():
-            raise ConfigError(f"{flag} {path}: a folder without {CKPT_NAME} (a trial's checkpoint folder holds one); "
-                              f"{FRESH}")
+            raise ConfigError(f"{flag} {path}: a folder without {CKPT_NAME} (a trial's checkpoint folder holds "
+                              f"one){tail}")
         p = p / CKPT_NAME
+    elif not p.is_file():
+        raise ConfigError(f"{flag} {path}: not a regular file, not a checkpoint{tail}")
+    return p
+
+
+def read_checkpoint(path: str | Path, flag: str = "--resume", *, needs: tuple[str, ...] = REQUIRED,
+                    hint: str | None = FRESH) -> dict:
+    """A user-given checkpoint (file or folder), validated: one ConfigError line naming the path
+    and what is wrong otherwise. ``needs``: the keys the reader uses (a resume: the training state,
+    ``REQUIRED``; a command that reads the model: ``MODEL``); ``hint``: what to do instead.
+    Every command that opens a user's checkpoint comes through here."""
+    tail = f"; {hint}" if hint else ""
+    p = checkpoint_path(path, flag, hint)
     if p.stat().st_size == 0:
-        raise ConfigError(f"{flag} {p}: an empty file, not a checkpoint; {FRESH}")
+        raise ConfigError(f"{flag} {p}: an empty file, not a checkpoint{tail}")
     with open(p, "rb") as f:
         zipped = f.read(4) == ZIP_MAGIC
     try:
@@ -89,18 +104,27 @@ def read_checkpoint(path: str | Path, flag: str = "--resume") -> dict:
             why = f"a torch archive that is truncated or corrupt ({first})"
         else:
             why = "not a file torch.save wrote"
-        raise ConfigError(f"{flag} {p}: cannot be read as a checkpoint: {why}; {FRESH}") from None
-    missing = [k for k in REQUIRED if not isinstance(ck, dict) or k not in ck]
+        raise ConfigError(f"{flag} {p}: cannot be read as a checkpoint: {why}{tail}") from None
+    missing = [k for k in needs if not isinstance(ck, dict) or k not in ck]
     if missing:
         held = (f"a dict of {', '.join(map(str, list(ck)[:6]))}" if isinstance(ck, dict) and ck
                 else type(ck).__name__)
         raise ConfigError(f"{flag} {p}: a torch file of other content ({held}), not a lime checkpoint (which holds "
-                          f"{', '.join(REQUIRED)}); {FRESH}")
+                          f"{', '.join(needs)}){tail}")
     version = ck.get(FORMAT_KEY, 0)
     if not isinstance(version, int) or version > FORMAT_VERSION:
+        again = f"resume it with the version that wrote it, {OR_FRESH}" if hint == FRESH else \
+            "read it with the version that wrote it"
         raise ConfigError(f"{flag} {p}: checkpoint format {version!r} is newer than this code reads "
-                          f"({FORMAT_VERSION}); resume it with the version that wrote it, {OR_FRESH}")
+                          f"({FORMAT_VERSION}); {again}")
     return ck
+
+
+def read_model_checkpoint(path: str | Path, flag: str = "checkpoint") -> tuple[Path, dict]:
+    """(checkpoint file, its contents) of a checkpoint whose model a command reads (``lime eval``,
+    ``export``, ``prune``, ``analyze``): validated as ``read_checkpoint`` validates a resume, but
+    needing only the weights and the trial config (a pruned model's checkpoint has no optimizer)."""
+    return checkpoint_path(path, flag, None), read_checkpoint(path, flag, needs=MODEL, hint=None)
 
 
 def model_differences(ck: dict, mcfg_dict: dict) -> list[str]:

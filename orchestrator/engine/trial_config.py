@@ -128,6 +128,9 @@ class TrialConfig:
         t, o, d = self.train, self.optim, self.data
         if t.seq_len > mc.max_seq_len:
             raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len={mc.max_seq_len}")
+        if mc.router_prune is not None and mc.router_prune.start > t.steps:  # (== steps: a post-hoc pruned model)
+            raise ConfigError(f"model.router_prune.start: {mc.router_prune.start} is beyond train.steps={t.steps}: "
+                              "the router would never be pruned; start at a step <= train.steps")
         if mc.router_prune is not None and t.compile:
             raise ConfigError("model.router_prune: not with train.compile (the compiled routing ops build their "
                               "plan from the router's spec, which knows no mask); set train.compile: false")

@@ -52,13 +52,13 @@ def task_manager(names: list[str], include: list[str], key: str = "eval"):
     tasks only if some name needs them."""
     from lm_eval.tasks import TaskManager
 
+    for i, p in enumerate(include):  # before the local tasks are written: a mistake writes nothing
+        if not Path(p).expanduser().is_dir():
+            raise ConfigError(f"{loc(key, 'include')}[{i}]: {p!r} is not a folder (of harness task YAML files)")
     paths = []
     if any(n in LOCAL_TASKS or base_of_variant(n) in LOCAL_TASKS for n in names):
         paths.append(str(write_local_tasks()))
-    for i, p in enumerate(include):
-        if not Path(p).expanduser().is_dir():
-            raise ConfigError(f"{loc(key, 'include')}[{i}]: {p!r} is not a folder (of harness task YAML files)")
-        paths.append(str(Path(p).expanduser().resolve()))
+    paths += [str(Path(p).expanduser().resolve()) for p in include]
     tm = TaskManager(include_path=paths or None, include_defaults=False)
     if all(_known(tm, n) for n in names):
         return tm

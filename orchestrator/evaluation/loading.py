@@ -25,7 +25,7 @@ import torch
 
 from lime_arch import ConfigError, ModelConfig, build_model
 from lime_arch.model import LIMeDecoder
-from orchestrator.engine.checkpoint import CKPT_NAME, load_checkpoint
+from orchestrator.engine.checkpoint import read_model_checkpoint
 from orchestrator.engine.data import hub, make_batches
 from orchestrator.engine.data.corpus import ByteTokenizer, load_named_tokenizer
 from orchestrator.engine.trial_config import DataConfig, TrialConfig
@@ -43,15 +43,6 @@ class Trained:
     run_id: str | None
     step: int
     path: Path
-
-
-def checkpoint_file(path: str | Path) -> Path:
-    """The checkpoint file of a path (a file, or a folder holding ``checkpoint.pt``)."""
-    p = Path(path).expanduser()
-    f = p / CKPT_NAME if p.is_dir() else p
-    if not f.is_file():
-        raise ConfigError(f"checkpoint: {str(path)!r} is not a checkpoint file or a folder with {CKPT_NAME}")
-    return f
 
 
 def text_tokenizer_check(data: DataConfig) -> None:
@@ -79,12 +70,11 @@ def trial_tokenizer(data: DataConfig):
     return load_named_tokenizer("gpt2" if data.tokenizer == "byte" else data.tokenizer)
 
 
-def load_trained(path: str | Path, device: str | torch.device = "cpu") -> Trained:
-    """The model of a checkpoint with its config and tokenizer (ConfigError for what is not one)."""
-    f = checkpoint_file(path)
-    ck = load_checkpoint(f)
-    if "config" not in ck or "model" not in ck:
-        raise ConfigError(f"checkpoint: {str(f)!r} holds no trial config (written by an older version)")
+def load_trained(path: str | Path, device: str | torch.device = "cpu", opened: tuple[Path, dict] | None = None
+                 ) -> Trained:
+    """The model of a checkpoint with its config and tokenizer (ConfigError for what is not one);
+    ``opened``: the checkpoint ``read_model_checkpoint`` read already (read once, checked first)."""
+    f, ck = opened or read_model_checkpoint(path)  # what is no checkpoint: one line, as `lime train --resume` says
     cfg = TrialConfig.from_dict(ck["config"])
     tok = trial_tokenizer(cfg.data)
     vocab = int(ck.get("vocab_size") or tok.vocab_size)

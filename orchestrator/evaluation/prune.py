@@ -19,14 +19,13 @@ from pathlib import Path
 
 import torch
 
-from lime_arch import ConfigError, build_model
+from lime_arch import ConfigError, ModelConfig, build_model
 from lime_arch import prune as lime_prune
 from lime_arch.routers import parse_router
-from orchestrator.engine.checkpoint import CKPT_NAME, load_checkpoint, save_checkpoint
+from orchestrator.engine.checkpoint import CKPT_NAME, read_model_checkpoint, save_checkpoint
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.trainer import evaluate_loss
 from orchestrator.engine.trial_config import TrialConfig
-from orchestrator.evaluation.loading import checkpoint_file
 
 
 @dataclass
@@ -48,21 +47,36 @@ class Pruned:
         return self.loss_after - self.loss_before
 
 
-def prune_checkpoint(path: str | Path, top_p: float, *, renormalize: bool = True,
-                     device: str | torch.device = "cpu") -> Pruned:
-    """Prune a checkpoint's router at ``top_p``; the validation loss before and after."""
-    if not 0 < top_p < 1:
-        raise ConfigError(f"--top-p: must be in (0, 1), got {top_p}")
-    f = checkpoint_file(path)
-    ck = load_checkpoint(f)
-    if "config" not in ck or "model" not in ck:
-        raise ConfigError(f"checkpoint: {str(f)!r} holds no trial config (written by an older version)")
+@dataclass
+class Prunable:
+    """A checkpoint whose router can be pruned (read and checked, nothing computed yet)."""
+
+    file: Path
+    ck: dict
+    cfg: TrialConfig
+    mcfg: ModelConfig
+
+
+def open_prunable(path: str | Path) -> Prunable:
+    """The checkpoint at ``path``, checked: a lime checkpoint whose router has weights to prune.
+    ``lime prune`` opens every target this way before it computes anything."""
+    f, ck = read_model_checkpoint(path)
     cfg = TrialConfig.from_dict(ck["config"])
     mcfg = cfg.model_config(vocab_size=ck.get("vocab_size"))
     try:
         lime_prune.check_prunable(parse_router(mcfg.router)[0], key="--top-p")
     except ConfigError as e:
         raise ConfigError(f"{f}: {e}") from None
+    return Prunable(f, ck, cfg, mcfg)
+
+
+def prune_checkpoint(path: str | Path | Prunable, top_p: float, *, renormalize: bool = True,
+                     device: str | torch.device = "cpu") -> Pruned:
+    """Prune a checkpoint's router at ``top_p``; the validation loss before and after."""
+    if not 0 < top_p < 1:
+        raise ConfigError(f"--top-p: must be in (0, 1), got {top_p}")
+    opened = path if isinstance(path, Prunable) else open_prunable(path)
+    f, ck, cfg, mcfg = opened.file, opened.ck, opened.cfg, opened.mcfg
     data = make_batches(cfg.data)
     model = build_model(mcfg)
     model.load_state_dict(ck["model"])

@@ -10,12 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from lime_arch import ConfigError
-from orchestrator.core.tracking import client
+from orchestrator.core.tracking import existing_client, existing_run
+from orchestrator.engine.checkpoint import read_model_checkpoint
 from orchestrator.engine.schedule import pick_device
 from orchestrator.evaluation.checks import Resolved, resolve
 from orchestrator.evaluation.harness import Outcome, evaluate
-from orchestrator.evaluation.loading import Trained, checkpoint_file, load_trained
+from orchestrator.evaluation.loading import Trained, load_trained
 from orchestrator.evaluation.record import done_keys, log_outcome, mark_complete
 from orchestrator.evaluation.settings import EvalSettings, settings_hash
 
@@ -33,14 +33,13 @@ def evaluate_checkpoint(path: str | Path, settings: EvalSettings, *, run_id: str
     """Score the checkpoint at ``path``; log to ``run_id`` (default: the checkpoint's run) unless
     ``log`` is false. ``complete_tag``: also mark the run as evaluated under ``settings`` (a
     sweep's skip of the whole trial next time)."""
-    checkpoint_file(path)  # a missing checkpoint is one line before anything else
+    opened = read_model_checkpoint(path)  # what is no checkpoint is one line before anything else
+    target = (run_id or opened[1].get("run_id")) if log else None
+    cl = existing_client(f"run {target}") if target else None
+    run = existing_run(target, cl) if target else None  # not there: one line before any work, no store made
     resolved = resolved or resolve(settings, key)
-    cl = client() if log else None
-    if log and run_id:
-        _run(cl, run_id)  # a run that is not there is one line before the model loads
-    trained = load_trained(path, pick_device(device))
-    target = (run_id or trained.run_id) if log else None
-    skip = done_keys(_run(cl, target)) if target else {}
+    trained = load_trained(path, pick_device(device), opened)
+    skip = done_keys(run) if run is not None else {}
     outcome = evaluate(trained.model, trained.tokenizer, settings, skip=skip, resolved=resolved, key=key)
     if target:
         tag = settings_hash(settings, trained.step) if complete_tag else None
@@ -49,11 +48,3 @@ def evaluate_checkpoint(path: str | Path, settings: EvalSettings, *, run_id: str
         elif tag:
             mark_complete(target, tag, cl)
     return Evaluated(trained, outcome, target)
-
-
-def _run(cl, run_id: str):
-    try:
-        return cl.get_run(run_id)
-    except Exception:  # noqa: BLE001 - deleted, or of another store
-        raise ConfigError(f"run {run_id}: not a run of the MLflow store {getattr(cl, 'tracking_uri', '')} "
-                          "(set MLFLOW_TRACKING_URI, or --no-log)") from None

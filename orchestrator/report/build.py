@@ -299,11 +299,16 @@ class SweepAnalyses:
     tables: list[PairedAnalysis]  # the pooled table, then one per depth
 
 
-def sweep_analyses(sweep: str, cl, seed: int = 0) -> SweepAnalyses:
-    """The paired tables of a sweep compared as its own report compares it (its parent run's settings)."""
+def sweep_choice(sweep: str, cl):
+    """(the sweep's runs, what its own report compares: its parent run's settings), read only."""
     found = find_runs(sweep, cl)
     settings, _ = from_parent_run(cl, found.parent, sweep)
-    choice = choose(settings)
+    return found, choose(settings)
+
+
+def sweep_analyses(sweep: str, cl, seed: int = 0) -> SweepAnalyses:
+    """The paired tables of a sweep compared as its own report compares it (its parent run's settings)."""
+    found, choice = sweep_choice(sweep, cl)
     df = _runs_frame(collect_runs(found, choice.metric, cl), choice)
     mode = verdicts.metric_mode(choice.metric, choice.mode)
     if choice.folded:

@@ -5,8 +5,9 @@ whose comparisons were fixed in advance (their files say what is compared) and p
 comparison with a baseline of every one of them (each pooled and per-depth table) into one
 baseline family, and every pair of variants into one all-pairs family, with one Bonferroni
 correction each (``orchestrator.report.compare.decisions``). Each comparison keeps its own sweep's
-seeds, metric, direction, margin and kind of interval (a sweep run until decided keeps its
-confidence sequence: it covers at any level at every number of seeds). The sweeps must share alpha.
+seeds, direction, margin and kind of interval (a sweep run until decided keeps its
+confidence sequence: it covers at any level at every number of seeds). The sweeps must share the
+metric (as ``--pool``'s help says) and alpha.
 
 Writes ``<out>/pool-<a>-<b>.../report.md`` and ``summary.csv`` (one row per comparison, with its
 sweep) and ``pairs.csv``.
@@ -22,7 +23,7 @@ from lime_arch.errors import ConfigError
 from orchestrator.core import tracking
 from orchestrator.core.fmt import slug
 from orchestrator.decide.families import BASELINE, FAMILY_NOTE, PAIRS, Family
-from orchestrator.report.build import sweep_analyses
+from orchestrator.report.build import sweep_analyses, sweep_choice
 from orchestrator.report.compare.decisions import _pair_samples, decide_rows, pair_rows
 from orchestrator.report.render import tables
 from orchestrator.report.render.comparisons import verdict_lines
@@ -36,6 +37,10 @@ def build_pool(names: list[str], out: str | Path = "results", seed: int = 0) -> 
     if len(names) < 2 or len(set(names)) != len(names):
         raise ConfigError(f"report --pool: name two or more different sweeps, got {','.join(names)!r}")
     cl = tracking.client()
+    metrics = {n: sweep_choice(n, cl)[1].metric for n in names}  # read before anything is computed
+    if len(set(metrics.values())) > 1:
+        raise ConfigError("report --pool: the sweeps compare different metrics (" + ", ".join(
+            f"{n}: {m}" for n, m in metrics.items()) + "); pooled comparisons share one metric")
     sweeps = [sweep_analyses(n, cl, seed) for n in names]
     alphas = {s.choice.alpha for s in sweeps}
     if len(alphas) > 1:

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import field
 from typing import Annotated, Any, Literal
@@ -15,8 +16,9 @@ from pydantic.dataclasses import dataclass
 from lime_arch.errors import ConfigError
 from orchestrator.core.validation import CONFIG, Bool, FieldError, Float, Int, Str
 from orchestrator.decide.verdict import margins_text, parse_margins
-from orchestrator.sweep.checks import SearchParam, parse_space
+from orchestrator.sweep.checks import SearchParam, check_decide, parse_space
 
+MAX_SEEDS = 1000  # decide.max_seeds and --max-seeds: seeds per arm at most
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
 METRIC_RE = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)+\Z")
 Name = Annotated[Str, Field(pattern="^" + NAME_RE.pattern.replace(r"\Z", "$"),
@@ -132,7 +134,7 @@ class DecideSpec:
     """``decide:``: seeds in waves until every comparison is decided (``lime sweep run --until-decided``;
     ``orchestrator.sweep.decide``). The file's ``grid.seed`` is the first wave."""
 
-    max_seeds: Annotated[Int, Field(ge=2, le=1000, description="an integer >= 2 (seeds per arm at most)")] = 32
+    max_seeds: Annotated[Int, Field(ge=2, le=MAX_SEEDS, description="an integer >= 2 (seeds per arm at most)")] = 32
     wave: Annotated[Int, Field(ge=1, le=100, description="an integer >= 1 (seeds added per wave)")] = 2
     margin: Margin = None  # overrides report.margin for the sweep
 
@@ -140,3 +142,35 @@ class DecideSpec:
 @dataclass(kw_only=True, config=CONFIG)
 class AnalysisSpec:
     enabled: Bool = False
+
+
+def with_options(spec: Any, until_decided: bool, max_seeds: str | None, margin: str | None) -> Any:
+    """The sweep with ``--until-decided [--max-seeds N] [--margin M]`` applied (a ConfigError line for
+    a bad value, or for a sweep that cannot grow in waves). Torch-free: the flags are checked with the
+    file, before Ray, MLflow or torch load."""
+    if not until_decided and spec.decide is None:
+        if max_seeds is not None or margin is not None:
+            raise ConfigError("--max-seeds/--margin: only with --until-decided (or a decide: block in the file)")
+        return spec
+    dec = copy.copy(spec.decide) if spec.decide is not None else DecideSpec()
+    if max_seeds is not None:
+        try:
+            n = int(max_seeds)
+        except ValueError:
+            n = 0
+        if not 2 <= n <= MAX_SEEDS or str(max_seeds).strip() != str(n):
+            raise ConfigError(f"--max-seeds: must be an integer in [2, {MAX_SEEDS}] (seeds per arm at most, as "
+                              f"decide.max_seeds), got {max_seeds!r}")
+        dec.max_seeds = n
+    if margin is not None:
+        if not margin.strip():  # parse_margins reads "" as no margin: a flag given empty is a mistake
+            raise ConfigError("--margin: empty; give an absolute margin (0.01) or a percentage of the baseline's "
+                              "mean (1%), or leave the flag out")
+        dec.margin = margins_text(parse_margins(margin, "--margin"))
+    new = copy.copy(spec)
+    new.decide = dec
+    try:
+        check_decide(new)
+    except FieldError as e:
+        raise ConfigError(f"{spec.path or spec.name}: {e.at or 'decide'}: {e}") from None
+    return new

@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lime_arch import ConfigError
-from orchestrator.core.tracking import client
+from orchestrator.core.tracking import client, missing_store
 from orchestrator.engine.checkpoint import CKPT_NAME
 from orchestrator.sweep.local_state import extension_dirs
 from orchestrator.sweep.spec import trial_dirname
@@ -58,6 +58,11 @@ def resolve_target(ref: str, results: str | Path | None = None) -> tuple[Path, s
     p = Path(ref).expanduser()
     if p.exists():
         return p, None
+    store = missing_store()
+    if store is not None:  # looked up, never created: no folder, no new database
+        raise ConfigError(f"{ref!r} is neither a checkpoint (file or folder) nor an MLflow run id: there is no "
+                          f"MLflow store at {store} (nothing was created; set MLFLOW_TRACKING_URI to the store of "
+                          "the run)")
     try:
         run = client().get_run(ref)
     except Exception:  # noqa: BLE001 - not a run of this store

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.core.outbox import BUFFERED, LAST_KEPT, LAST_OUTAGE_S, OUTAGE_S
+from orchestrator.core.outbox import BUFFERED, LAST_KEPT, LAST_OUTAGE_S, OUTAGE_S, ServerWatch
 from orchestrator.core.status import TrialStatus
 from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR, RESUMED
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
@@ -79,9 +79,12 @@ class LiveView:
     line include that trial. The ETA (``Eta``) comes from measured step rates only."""
 
     def __init__(self, *, total: int, steps: dict[str, int], default_steps: int, metric: str, mode: str,
-                 every: float = 15.0):
+                 every: float = 15.0, uri: str = ""):
         self.total, self.steps, self.default_steps = total, dict(steps), default_steps
         self.metric, self.mode, self.every = metric, mode, every
+        # an MLflow server: watched from the driver too (``outbox.ServerWatch``), so an outage is said
+        # within seconds even while no trial reports (trials waiting to create their runs)
+        self.watch = ServerWatch(uri) if uri.startswith(("http://", "https://")) else None
         self.setup()
 
     def setup(self, **info) -> None:  # also called by Ray at the start of every (resumed) run
@@ -231,7 +234,17 @@ class LiveView:
                       f"{trial.path}/trial.log and error.txt")
         self._status(trials, force=True)
 
+    def on_step_end(self, iteration, trials, **info):
+        """Ray's controller loop: the driver's watch of the MLflow server, with the trials' counts."""
+        if self.watch is None:
+            return
+        line = self.watch.start().news()
+        if line:
+            self._say(f"{line} | {self._counts(trials)}")
+
     def on_experiment_end(self, trials, **info):
+        if self.watch is not None:
+            self.watch.close()
         self.final_status = {str(t): self._state(t) for t in trials}
         self._status(trials, force=True)  # printed only if it differs from the last status line
 

@@ -17,7 +17,6 @@ so the resumed loop reaches the same ones and continues where it was.
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 from typing import Any
@@ -25,42 +24,15 @@ from typing import Any
 from lime_arch import ConfigError
 from orchestrator.core import record
 from orchestrator.core.tracking import client
-from orchestrator.core.validation import FieldError
 from orchestrator.decide.runs import seed_values
-from orchestrator.decide.verdict import margin_for, margins_text, parse_margins
+from orchestrator.decide.verdict import margin_for, parse_margins
 from orchestrator.decide.waves import Design, Wave, run_waves
-from orchestrator.sweep.checks import check_decide, key_of
+from orchestrator.sweep.blocks import with_options  # noqa: F401 - the flags' check lives torch-free
+from orchestrator.sweep.checks import key_of
 from orchestrator.sweep.driver import run_sweep
 from orchestrator.sweep.local_state import read_state
-from orchestrator.sweep.schema import DecideSpec, SweepSpec
+from orchestrator.sweep.schema import SweepSpec
 from orchestrator.sweep.view import experiment_dir
-
-
-def with_options(spec: SweepSpec, until_decided: bool, max_seeds: str | None, margin: str | None) -> SweepSpec:
-    """The sweep with ``--until-decided [--max-seeds N] [--margin M]`` applied (a ConfigError line for
-    a bad value, or for a sweep that cannot grow in waves)."""
-    if not until_decided and spec.decide is None:
-        if max_seeds is not None or margin is not None:
-            raise ConfigError("--max-seeds/--margin: only with --until-decided (or a decide: block in the file)")
-        return spec
-    dec = copy.copy(spec.decide) if spec.decide is not None else DecideSpec()
-    if max_seeds is not None:
-        try:
-            n = int(max_seeds)
-        except ValueError:
-            n = 0
-        if n < 2 or str(max_seeds).strip() != str(n):
-            raise ConfigError(f"--max-seeds: must be an integer >= 2 (seeds per arm at most), got {max_seeds!r}")
-        dec.max_seeds = n
-    if margin is not None:
-        dec.margin = margins_text(parse_margins(margin, "--margin"))
-    new = copy.copy(spec)
-    new.decide = dec
-    try:
-        check_decide(new)
-    except FieldError as e:
-        raise ConfigError(f"{spec.path or spec.name}: {e.at or 'decide'}: {e}") from None
-    return new
 
 
 def _compared(spec: SweepSpec) -> tuple[str, str, list, Any]:

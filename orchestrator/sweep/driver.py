@@ -101,19 +101,19 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     if grown:
         print(grown, flush=True)
     timeout = connect.connect_timeout(connect_timeout)
-    if address and uri.startswith("sqlite:"):
-        print(f"note: MLflow store {uri} is a local file; workers on other machines need the same path "
-              "(a shared filesystem) or an `mlflow server` (MLFLOW_TRACKING_URI=http://...)")
     _quiet_ray()
     log = exp_dir / connect.DRIVER_LOG
     started = False
     try:
         t0 = time.monotonic()
-        with connect.output_to(log):
+        with connect.output_to(log):  # Ray's own lines (a connection's, its warnings) go to the driver log
             started = connect.start_ray(address, uri=uri, num_cpus=num_cpus, timeout=timeout, log=log)
-        if address:  # a trial no node can hold would wait forever: refuse it before anything is recorded
-            r = spec.resources
-            connect.check_fits({"CPU": r.cpu, "GPU": r.gpu}, address, r.workers)
+            if address:  # a trial no node can hold would wait forever: refuse it before anything is recorded
+                r = spec.resources
+                connect.check_fits({"CPU": r.cpu, "GPU": r.gpu}, address, r.workers)
+        if address and uri.startswith("sqlite:"):  # after the checks: a refusal stays one line
+            print(f"note: MLflow store {uri} is a local file; workers on other machines need the same path "
+                  "(a shared filesystem) or an `mlflow server` (MLFLOW_TRACKING_URI=http://...)")
         return _run(spec, uri, exp_dir, state, address, log, status_every, time.monotonic() - t0)
     finally:
         if started:
@@ -254,7 +254,7 @@ def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
     else:
         default_steps = max(spec.trial_config(upper_corner(spec)).train.steps, 1)
     return live_view(total=spec.n_trials(), steps=steps, default_steps=default_steps, metric=metric, mode=mode,
-                     every=every)
+                     every=every, uri=tracking_uri())
 
 
 def _tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):

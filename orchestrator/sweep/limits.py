@@ -8,8 +8,9 @@ one line naming the key and the limit, exit 2, with the override in the line:
 - trials per sweep: at most ``$LIME_MAX_TRIALS`` (default 10,000), counted from the grid's axis
   lengths (or ``search.num_samples x repeat``) before any trial is built;
 - parameters per model: at most ``$LIME_MAX_PARAMS`` (default 20e9, five times ``1b-gqa``),
-  counted from the config by ``lime_arch.size`` (the dense weights: a lower bound that leaves
-  out the small router and depth-mix weights), for every trial of a sweep and for ``lime train``.
+  counted from the config by ``lime_arch.size`` (the dense weights and the depth mix's, whose
+  stream counts grow them as a square or a cube: a lower bound that leaves out the small router
+  weights), for every trial of a sweep and for ``lime train``.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import os
 from typing import Any
 
 from lime_arch.errors import ConfigError
-from lime_arch.size import TRAIN_STATE_BYTES, min_params, train_state_bytes
+from lime_arch.size import TRAIN_STATE_BYTES, depth_mix_params, min_params, train_state_bytes
 from orchestrator.core.fmt import human
 
 TRIALS_ENV, DEFAULT_TRIALS = "LIME_MAX_TRIALS", 10_000
@@ -67,7 +68,8 @@ def check_model(mcfg: Any, where: str) -> int:
 
 
 def _shape(mcfg: Any) -> str:
-    return f"d_model {mcfg.d_model}, n_layers {mcfg.n_layers}, ffn_dim {mcfg.ffn_dim}, vocab {mcfg.vocab_size}"
+    mix = f", depth_mix {mcfg.depth_mix} ({human(depth_mix_params(mcfg))} of them)" if mcfg.depth_mix != "none" else ""
+    return f"d_model {mcfg.d_model}, n_layers {mcfg.n_layers}, ffn_dim {mcfg.ffn_dim}, vocab {mcfg.vocab_size}{mix}"
 
 
 def describe() -> str:

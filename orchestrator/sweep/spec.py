@@ -98,12 +98,21 @@ def _validate_trials(spec: SweepSpec) -> None:
         except ConfigError as e:
             raise ConfigError(_attribute(spec, params, str(e), where_first)) from None
 
-    check({})  # the base alone (no axis values yet) is where most mistakes are
+    context: dict = {}  # what the other axes hold while one axis' values are checked
+    try:
+        check({})  # the base alone (no axis values yet) is where most mistakes are
+    except ConfigError:
+        # a base that needs the grid (base.model.router_prune with the routers in the grid): valid
+        # when the trials are, so it is checked as they see it, with every axis at its first value
+        context = {name: values[0] for name, values in spec.grid.items() if values} if spec.search is None else {}
+        if not context or not _passes(spec, context):
+            raise
     _check_count(spec)  # before a value of any axis is built
     if spec.search is None:
         for name, values in spec.grid.items():
-            for i, v in enumerate(values):
-                check({name: v}, f"grid.{name}.{v}" if name == VARIANT else f"grid.{name}[{i}]")
+            for i, v in enumerate(values):  # the axis first: an error is attributed to it
+                params = {name: v, **{k: x for k, x in context.items() if k != name}}
+                check(params, f"grid.{name}.{v}" if name == VARIANT else f"grid.{name}[{i}]")
         try:
             spec.trials()  # every trial, built once and kept on the spec
         except ConfigError:
@@ -118,6 +127,14 @@ def _validate_trials(spec: SweepSpec) -> None:
             check({name: v, **idx}, f"search.space.{name}.{p.kind}")
     for corner in (0, -1):  # all lows, all highs together
         check({n: _probe_values(p)[corner] for n, p in space.items()})
+
+
+def _passes(spec: SweepSpec, params: dict) -> bool:
+    try:
+        spec.trial_config(params)
+    except ConfigError:
+        return False
+    return True
 
 
 def _check_count(spec: SweepSpec) -> None:

@@ -110,6 +110,10 @@ def test_a_tracking_outage_longer_than_the_retry_window_loses_nothing_and_spends
         assert m, out[-3000:]
         noticed, kept = int(m.group(1)), int(m.group(2))
         assert kept > 0 and OUTAGE_S - 5 <= noticed <= outage + 10
+        # the driver's own watch of the server (issue 39: said even while no trial reports), and its end
+        assert f"MLflow at {uri} unreachable from the driver (" in out, out[-3000:]
+        m = re.search(rf"MLflow at {re.escape(uri)} answers again after (\d+) s", out)
+        assert m and OUTAGE_S - 10 <= int(m.group(1)) <= outage + 10, out[-3000:]
         print(json.dumps({"outage_s": round(outage, 1), "outage_seen_by_trial_s": noticed, "metrics_kept_and_sent":
                           kept, "steps_lost": 0, "duplicate_steps": 0, "retries_spent": 0}))
     finally:

@@ -145,7 +145,10 @@ def test_a_patient_call_waits_for_the_server_then_gives_up_with_a_line():
         return "run-1"
 
     assert outbox.patient(flaky, "creating the run", h, wait=10) == "run-1" and len(calls) == 3
-    assert lines[0].startswith("MLflow at http://tracking:5000 unreachable (creating the run: ConnectionRefusedError")
+    # the trial waits here (it is not training): its line says so, not "training continues"
+    assert lines[0] == ("MLflow at http://tracking:5000 unreachable (creating the run: ConnectionRefusedError: "
+                        "[Errno 111] Connection refused); the trial waits for it, at most 10 s "
+                        "($LIME_TRACKING_WAIT_S), and goes on when it answers")
     assert lines[1].startswith("MLflow at http://tracking:5000 back after ")
 
     def never():
@@ -157,6 +160,34 @@ def test_a_patient_call_waits_for_the_server_then_gives_up_with_a_line():
     assert str(e.value).endswith(" s (closing the run); gave up after $LIME_TRACKING_WAIT_S=0.3 s")
     with pytest.raises(KeyError):
         outbox.patient(lambda: {}["x"], "reading", h, wait=10)  # not an outage: at once
+
+
+def test_an_outage_that_comes_to_block_the_trial_says_so():
+    """Metrics first (the trial goes on), then a call the trial must wait for: a second line says it
+    waits, since the first one said that training continues."""
+    lines: list[str] = []
+    srv, h = Server(), _health(lines)
+    srv.up = False
+    box = Outbox(srv.send, h)
+    box.put([1])
+    time.sleep(0.3)
+    calls = []
+
+    def tag():
+        calls.append(1)
+        if not srv.up:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    threading.Timer(0.5, lambda: setattr(srv, "up", True)).start()
+    outbox.patient(tag, "setting a tag", h, wait=20)
+    box.close(10)
+    assert lines[0].endswith("training continues, metrics are kept and sent when it answers (waiting at most "
+                             "1800 s where a trial must: $LIME_TRACKING_WAIT_S)")
+    assert lines[1] == ("MLflow at http://tracking:5000 unreachable (setting a tag: ConnectionRefusedError: [Errno "
+                        "111] Connection refused); the trial waits for it, at most 20 s ($LIME_TRACKING_WAIT_S), and "
+                        "goes on when it answers")
+    assert lines[2].startswith("MLflow at http://tracking:5000 back after ") and len(lines) == 3
+    assert srv.stored == [1]
 
 
 @pytest.mark.parametrize("window, retries", [(30, 5), (14, 4), (2, 2), (0.5, 1), (300, 8)])
@@ -178,3 +209,56 @@ def test_a_bad_setting_is_one_line(monkeypatch):
     monkeypatch.setenv("LIME_TRACKING_WAIT_S", "forever")
     with pytest.raises(ConfigError, match=r"^\$LIME_TRACKING_WAIT_S: must be a number of seconds > 0, got 'forever'$"):
         outbox.wait_bound()
+
+
+def test_the_drivers_watch_says_an_outage_while_it_lasts_and_its_end():
+    """The sweep driver probes its server itself (a trial waiting to create its run reports
+    nothing): a line when it is seen away, one every ``repeat`` seconds, one when it is back."""
+    now = [0.0]
+    up = [True]
+
+    def probe():
+        if not up[0]:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    w = outbox.ServerWatch("http://tracking:5000", probe=probe, repeat=60, clock=lambda: now[0])
+    w.check()
+    assert w.news() is None
+    up[0], now[0] = False, 10.0
+    w.check()
+    now[0] = 12.0
+    assert w.news() == ("MLflow at http://tracking:5000 unreachable from the driver (ConnectionRefusedError: [Errno "
+                        "111] Connection refused); training trials go on and keep their metrics, starting ones wait "
+                        "for it (at most 1800 s: $LIME_TRACKING_WAIT_S)")
+    now[0] = 40.0
+    w.check()
+    assert w.news() is None  # said 28 s ago
+    now[0] = 75.0
+    assert w.news() == "MLflow at http://tracking:5000 still unreachable, for 65 s"
+    up[0], now[0] = True, 100.0
+    w.check()
+    assert w.news() == "MLflow at http://tracking:5000 answers again after 90 s; the trials send what they kept"
+    assert w.news() is None
+    up[0] = False  # an outage over before anything was printed is not announced as ended
+    w.check()
+    up[0] = True
+    w.check()
+    assert w.news() is None
+
+
+def test_the_watch_probes_a_real_socket_within_seconds():
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there now: refused at once
+    w = outbox.ServerWatch(f"http://127.0.0.1:{port}", every=0.1).start()
+    t0 = time.monotonic()
+    line = None
+    while line is None and time.monotonic() - t0 < 10:
+        time.sleep(0.05)
+        line = w.news()
+    w.close()
+    assert line is not None and line.startswith(f"MLflow at http://127.0.0.1:{port} unreachable from the driver (")
+    assert time.monotonic() - t0 < 10

@@ -79,3 +79,33 @@ def test_an_outage_is_said_when_it_begins_and_when_it_ends(capsys):
         "answers",
         "MLflow answers base again after 31 s: 240 kept metrics sent in order",
     ]
+
+
+def test_the_console_says_an_outage_the_driver_sees_with_the_counts(capsys):
+    from orchestrator.core import outbox
+
+    v = LiveView(total=3, steps={"base": 100}, default_steps=100, metric="final/val_loss", mode="min", every=1e9,
+                 uri="http://tracking:5000")
+    up = [False]
+
+    def probe():
+        if not up[0]:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    v.watch = outbox.ServerWatch("http://tracking:5000", probe=probe)
+    t = _trial("base")
+    v.watch.check()
+    v.on_step_end(0, [t])
+    up[0] = True
+    v.watch.check()
+    v.on_step_end(0, [t])
+    v.on_step_end(0, [t])
+    v.watch.close()
+    assert _lines(capsys) == [
+        "MLflow at http://tracking:5000 unreachable from the driver (ConnectionRefusedError: [Errno 111] Connection "
+        "refused); training trials go on and keep their metrics, starting ones wait for it (at most 1800 s: "
+        "$LIME_TRACKING_WAIT_S) | 0/3 done, 1 running, 2 pending",
+        "MLflow at http://tracking:5000 answers again after 0 s; the trials send what they kept | 0/3 done, 1 running, "
+        "2 pending",
+    ]
+    assert LiveView(total=1, steps={}, default_steps=1, metric="m/x", mode="min", uri="sqlite:///x.db").watch is None

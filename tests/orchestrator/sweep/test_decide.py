@@ -130,7 +130,7 @@ def test_the_report_reads_the_sequence(env, monkeypatch):
 
 def test_options_are_checked_before_anything_runs(env):
     spec = make_spec(env)
-    with pytest.raises(ConfigError, match="--max-seeds: must be an integer >= 2"):
+    with pytest.raises(ConfigError, match=r"--max-seeds: must be an integer in \[2, 1000\]"):
         decide.with_options(spec, True, "1", None)
     with pytest.raises(ConfigError, match="--margin: must be a number > 0"):
         decide.with_options(spec, True, None, "-1")

@@ -1,0 +1,63 @@
+"""Where a command writes, checked before it does any work (torch-free).
+
+``lime eval``, ``export``, ``prune``, ``analyze`` and ``report`` compute for seconds to minutes and
+log to MLflow before they write their files; an output that cannot be written (a file where a
+folder is wanted, a folder on a read-only or foreign file system) must be one line before that
+work, not a traceback after it. Each check finds the nearest folder that exists on the way to the
+output and creates (and removes) a temporary file there: the only test that is true for every
+user, root included (root passes ``os.access`` on ``/sys``, whose writes still fail).
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from lime_arch.errors import ConfigError
+
+
+def _writable(existing: Path, flag: str, shown: str) -> None:
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as e:
+        raise ConfigError(f"{flag}: cannot write under {str(existing)!r} ({e.strerror or type(e).__name__}); "
+                          f"choose a folder you can write to (got {shown!r})") from None
+
+
+def _nearest(path: Path, flag: str, shown: str) -> Path:
+    """``path`` or its nearest existing ancestor, which must be a folder."""
+    for parent in (path, *path.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(f"{flag}: {str(parent)!r} is a file, so {shown!r} cannot be created under it")
+            return parent
+    return Path.cwd()
+
+
+def check_out_folder(path: str | Path, flag: str, *, empty: bool = False) -> Path:
+    """A folder the command will create (or write into): not an existing file, under a folder this
+    process can write to; ``empty``: an existing folder must hold nothing (exports never overwrite)."""
+    shown = str(path)
+    p = Path(path).expanduser()
+    if p.exists():
+        if not p.is_dir():
+            raise ConfigError(f"{flag}: {shown!r} is an existing file; the command writes a folder there")
+        if empty and any(p.iterdir()):
+            raise ConfigError(f"{flag}: {shown!r} exists and is not an empty folder; exports never overwrite")
+        _writable(p, flag, shown)
+    else:
+        _writable(_nearest(p.absolute().parent, flag, shown), flag, shown)
+    return p
+
+
+def check_out_file(path: str | Path, flag: str) -> Path:
+    """A file the command will write (replacing one that is there): not a folder, and its folder
+    creatable and writable."""
+    shown = str(path)
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"{flag}: {shown!r} is a folder; give the path of the file to write")
+    if p.exists() and not p.is_file():
+        raise ConfigError(f"{flag}: {shown!r} exists and is not a regular file")
+    _writable(_nearest(p.absolute().parent, flag, shown), flag, shown)
+    return p

@@ -1,0 +1,183 @@
+"""The commands that read a trained model (``lime eval``, ``export``, ``prune``, ``analyze``) and the
+reports refuse a mistake with one line and exit code 2, before any work, before anything is written
+and before a store is created: a checkpoint that is none (read as ``lime train --resume`` reads
+it), an output path that cannot be written, a run id that is not in the store, a bad flag, and
+a second target or label that is wrong after a good first one. Each expected value is the whole
+error line, written out by hand."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.cli import main
+from orchestrator.engine.trial import Tracking, run_trial
+from orchestrator.engine.trial_config import TrialConfig
+
+UNWRITABLE = "/sys/lime-out"  # /sys refuses new files to every user, root included
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Two tiny trained checkpoints: a prunable router (full) and one that is not (none)."""
+    root = tmp_path_factory.mktemp("trained")
+    out = {}
+    for router in ("full", "none"):
+        cfg = TrialConfig.from_dict({
+            "preset": "tiny", "model": {"router": router, "n_layers": 2, "d_model": 16, "n_heads": 2, "ffn_dim": 32},
+            "train": {"steps": 2, "batch_size": 2, "seq_len": 16, "log_interval": 1, "eval_batches": 1,
+                      "checkpoint_dir": str(root / router)}})
+        run_trial(cfg, tracking=Tracking(enabled=False))
+        out[router] = root / router
+    return out
+
+
+@pytest.fixture
+def junk(tmp_path):
+    f = tmp_path / "random.bin"
+    f.write_bytes(bytes(range(256)) * 8)
+    return f
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    return err.rstrip("\n")
+
+
+@pytest.fixture
+def nowhere(tmp_path, monkeypatch):
+    """A store that does not exist, in a folder that does not exist either."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/track/mlflow.db")
+    monkeypatch.setenv("LIME_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("LIME_RESULTS", str(tmp_path / "results"))
+    return tmp_path
+
+
+def test_random_bytes_as_a_checkpoint_is_one_line_in_every_command(capsys, junk, nowhere):
+    line = f"error: checkpoint {junk}: cannot be read as a checkpoint: not a file torch.save wrote"
+    for argv in (["eval", str(junk), "--tasks", "lime_kv", "--no-log"], ["export", str(junk), "--to", "exp"],
+                 ["prune", str(junk), "--top-p", "0.9", "--no-log"], ["analyze", str(junk)]):
+        assert _refused(capsys, argv) == line, argv
+    # the same file given to `lime train --resume`: the same reader, its own hint
+    assert _refused(capsys, ["train", "--resume", str(junk)]) == (
+        f"error: --resume {junk}: cannot be read as a checkpoint: not a file torch.save wrote; to start fresh, run "
+        "without --resume")
+    assert sorted(p.name for p in nowhere.iterdir()) == ["random.bin"]  # no store, no cache, no results
+
+
+def test_bad_flags_are_refused_before_the_model_loads(capsys, trained, nowhere):
+    ck = str(trained["full"])
+    assert _refused(capsys, ["eval", ck, "--tasks", "lime_kv", "--device", "tpu", "--no-log"]) == (
+        "error: --device: must be auto, cpu, cuda or cuda:<index>, got 'tpu'")
+    assert _refused(capsys, ["analyze", ck, "--sequences", "0"]) == "error: --sequences: must be >= 1, got 0"
+
+
+def test_outputs_that_cannot_be_written_are_refused_before_the_work(capsys, trained, nowhere):
+    ck = str(trained["full"])
+    (nowhere / "afile").write_text("mine\n")
+    (nowhere / "adir").mkdir()
+    cases = [
+        (["eval", ck, "--tasks", "lime_kv", "--no-log", "--out", "afile"], "--out", "folder"),
+        (["analyze", ck, "--out", "afile"], "--out", "folder"),
+        (["report", "some-sweep", "--out", "afile"], "--out", "folder"),
+        (["report", "--pool", "a,b", "--out", "afile"], "--out", "folder"),
+        (["prune", ck, "--top-p", "0.9", "--no-log", "--save", "afile"], "--save", "folder"),
+        (["export", ck, "--to", "afile"], "--to", "folder"),
+        (["prune", ck, "--top-p", "0.9", "--no-log", "--out", "adir"], "--out", "file"),
+    ]
+    for argv, flag, kind in cases:
+        where = argv[argv.index(flag) + 1]
+        why = {"folder": "is an existing file; the command writes a folder there",
+               "file": "is a folder; give the path of the file to write"}[kind]
+        expected = f"error: {flag}: {where!r} {why}"
+        assert _refused(capsys, argv) == expected, argv
+    for argv in (["eval", ck, "--tasks", "lime_kv", "--no-log", "--out", UNWRITABLE],
+                 ["analyze", ck, "--out", UNWRITABLE], ["report", "some-sweep", "--out", UNWRITABLE],
+                 ["export", ck, "--to", UNWRITABLE], ["prune", ck, "--top-p", "0.9", "--no-log", "--save", UNWRITABLE]):
+        flag = argv[-2]
+        assert _refused(capsys, argv) == (
+            f"error: {flag}: cannot write under '/sys' (Permission denied); choose a folder you can write to "
+            f"(got {UNWRITABLE!r})"), argv
+    assert (nowhere / "afile").read_text() == "mine\n"
+    assert sorted(p.name for p in nowhere.iterdir()) == ["adir", "afile"]  # no store, no results, no cache
+    assert list((nowhere / "adir").iterdir()) == []
+
+
+def test_a_run_id_that_is_not_found_creates_nothing(capsys, nowhere):
+    store = nowhere / "track" / "mlflow.db"
+    for argv in (["eval", "0123abcd", "--tasks", "lime_kv"], ["export", "0123abcd", "--to", "exp"],
+                 ["prune", "0123abcd", "--top-p", "0.9"]):
+        assert _refused(capsys, argv) == (
+            f"error: '0123abcd' is neither a checkpoint (file or folder) nor an MLflow run id: there is no MLflow "
+            f"store at {store} (nothing was created; set MLFLOW_TRACKING_URI to the store of the run)"), argv
+    assert _refused(capsys, ["report", "--pool", "sweep-a,sweep-b"]) == (
+        f"error: sweep 'sweep-a': no MLflow store at {store} (nothing was created); set MLFLOW_TRACKING_URI to the "
+        "store the sweep ran with")
+    assert list(nowhere.iterdir()) == []  # no tracking folder, no mlflow.db, no results
+
+
+def test_the_default_store_is_not_created_either(capsys, nowhere, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI")
+    assert _refused(capsys, ["prune", "0123abcd", "--top-p", "0.9"]).endswith(
+        f"there is no MLflow store at {nowhere / 'mlflow.db'} (nothing was created; set MLFLOW_TRACKING_URI to the "
+        "store of the run)")
+    assert list(nowhere.iterdir()) == []
+
+
+def test_a_bad_second_target_or_label_stops_before_any_compute(capsys, trained, nowhere, monkeypatch):
+    import orchestrator.cli.analyze as analyze
+    import orchestrator.cli.prune as prune
+
+    def no_compute(*a, **k):
+        raise AssertionError("computed before the refusal")
+
+    monkeypatch.setattr(prune, "prune_checkpoint", no_compute)
+    monkeypatch.setattr(analyze, "analyze_model", no_compute)
+    good, bad = trained["full"], trained["none"]
+    assert _refused(capsys, ["prune", str(good), str(bad), "--top-p", "0.9", "--no-log"]) == (
+        f"error: {bad / 'checkpoint.pt'}: --top-p: router 'none' (kind identity) cannot be pruned; prunable: routers "
+        "of kind linear (full, first-<j>, last-<j>, dilated-<d>)")
+    assert _refused(capsys, ["analyze", f"x={good}", f"x={bad}", "--out", "an"]) == (
+        "error: checkpoints: two checkpoints are labelled 'x'; name them label=path")
+    # a missing --include folder: refused before the local tasks are written to the cache
+    assert _refused(capsys, ["eval", str(good), "--tasks", "lime_kv", "--include", "no-such-folder", "--no-log"]) == (
+        "error: --include[0]: 'no-such-folder' is not a folder (of harness task YAML files)")
+    assert list(nowhere.iterdir()) == []
+
+
+def test_a_cuda_device_where_torch_sees_none_is_one_line(capsys, trained, nowhere):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device")
+    assert _refused(capsys, ["eval", str(trained["full"]), "--tasks", "lime_kv", "--device", "cuda:0", "--no-log"]) == (
+        "error: --device: 'cuda:0', but torch sees 0 CUDA device(s) here; use cpu or auto")
+    assert list(nowhere.iterdir()) == []
+
+
+def test_a_checkpoints_own_run_in_a_store_that_is_not_there(capsys, trained, nowhere, monkeypatch):
+    import torch
+
+    import orchestrator.cli.analyze as analyze
+
+    ck = torch.load(trained["full"] / "checkpoint.pt", weights_only=True)
+    f = nowhere / "with-run.pt"
+    torch.save({**ck, "run_id": "feedbeef"}, f)
+    # eval logs to the checkpoint's run unless --no-log: refused before the model loads, nothing created
+    assert _refused(capsys, ["eval", str(f), "--tasks", "lime_kv"]) == (
+        f"error: run feedbeef: no MLflow store at {nowhere / 'track' / 'mlflow.db'} (nothing was created); set "
+        "MLFLOW_TRACKING_URI to the store the run was logged to, or --no-log")
+
+    class Stop(Exception):
+        pass
+
+    def stop(*a, **k):
+        raise Stop
+
+    monkeypatch.setattr(analyze, "analyze_model", stop)
+    with pytest.raises(Stop):  # analyze has no --no-log: it says the run is not there and goes on
+        main(["analyze", f"x={f}", "--out", str(nowhere / "an")])
+    assert capsys.readouterr().out == (
+        f"x: not logged: its run feedbeef is not in the MLflow store sqlite:///{nowhere}/track/mlflow.db\n")
+    assert sorted(p.name for p in nowhere.iterdir()) == ["with-run.pt"]
