@@ -103,7 +103,7 @@ def is_outage(exc: BaseException) -> bool:
     return any(w in text for w in OUTAGE_WORDS) or bool(SERVER_ERROR.search(text))
 
 
-def _short(exc: BaseException) -> str:
+def error_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     m = re.search(r"\(Caused by (\w+)", text)
     return f"{type(exc).__name__}: {m.group(1) if m else text[:80]}"
@@ -135,10 +135,10 @@ class Health:
             say_wait = waiting and not self.said_wait
             self.said_wait = self.said_wait or waiting
         if say_wait:
-            self.say(f"MLflow at {self.uri} unreachable ({what}: {_short(exc)}); the trial waits for it, at most "
+            self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); the trial waits for it, at most "
                      f"{wait:g} s (${WAIT_ENV}), and goes on when it answers")
         elif first:
-            self.say(f"MLflow at {self.uri} unreachable ({what}: {_short(exc)}); training continues, metrics are "
+            self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); training continues, metrics are "
                      f"kept and sent when it answers (waiting at most {wait_bound():g} s where a trial must: "
                      f"${WAIT_ENV})")
 
@@ -317,88 +317,3 @@ class PatientClient:
             return patient(lambda: attr(*args, **kwargs), name.replace("_", " "), self._health)
 
         return call
-
-
-def http_probe(uri: str, timeout: float = 3.0) -> Callable[[], None]:
-    """One request to an MLflow server's ``/health`` (stdlib: the driver's watch needs no MLflow)."""
-    import urllib.error
-    import urllib.request
-
-    url = uri.rstrip("/") + "/health"
-
-    def probe() -> None:
-        try:
-            urllib.request.urlopen(url, timeout=timeout).read()
-        except urllib.error.HTTPError as e:
-            if e.code >= 500:
-                raise
-        # any answer below 500 (a proxy's 404 included) is a server that is there
-
-    return probe
-
-
-class ServerWatch:
-    """The sweep driver's own view of its MLflow server, for the console: a trial that waits for
-    the server (to create its run) reports nothing, and one that trains reports its outage only
-    with its next result, so the driver probes the server itself (``probe``, every ``every``
-    seconds, in a daemon thread) and ``news`` gives the line to print: when an outage is seen,
-    every ``repeat`` seconds while it lasts, and when it ends."""
-
-    def __init__(self, uri: str, probe: Callable[[], None] | None = None, every: float = 5.0,
-                 repeat: float = 60.0, clock: Callable[[], float] = time.monotonic):
-        self.uri, self.every, self.repeat, self.clock = uri, every, repeat, clock
-        self.probe = probe or http_probe(uri)
-        self.lock = threading.Lock()
-        self.since: float | None = None  # when the current outage was first seen
-        self.why = ""
-        self.said: float | None = None  # when the current outage was last said
-        self.ended: float | None = None  # the length of an outage that ended and is not said yet
-        self.stop = threading.Event()
-        self.thread: threading.Thread | None = None
-
-    def start(self) -> ServerWatch:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._loop, name="mlflow-watch", daemon=True)
-            self.thread.start()
-        return self
-
-    def close(self) -> None:
-        self.stop.set()
-
-    def _loop(self) -> None:
-        while not self.stop.is_set():
-            self.check()
-            self.stop.wait(self.every)
-
-    def check(self) -> None:
-        """One probe; records the start or the end of an outage."""
-        try:
-            self.probe()
-        except Exception as e:  # noqa: BLE001 - only outages count; anything else is a server that answered
-            if is_outage(e):
-                with self.lock:
-                    if self.since is None:
-                        self.since, self.why, self.said = self.clock(), _short(e), None
-                return
-        with self.lock:
-            if self.since is not None:
-                self.ended, self.since = self.clock() - self.since, None
-
-    def news(self) -> str | None:
-        """The line to print now, if any."""
-        now = self.clock()
-        with self.lock:
-            if self.ended is not None:
-                lasted, self.ended = self.ended, None
-                if self.said is not None:  # an outage too short to be said is not said to have ended
-                    return f"MLflow at {self.uri} answers again after {lasted:.0f} s; the trials send what they kept"
-            if self.since is None:
-                return None
-            if self.said is None:
-                self.said = now
-                return (f"MLflow at {self.uri} unreachable from the driver ({self.why}); training trials go on and "
-                        f"keep their metrics, starting ones wait for it (at most {wait_bound():g} s: ${WAIT_ENV})")
-            if now - self.said >= self.repeat:
-                self.said = now
-                return f"MLflow at {self.uri} still unreachable, for {now - self.since:.0f} s"
-        return None

@@ -14,8 +14,9 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.core.outbox import BUFFERED, LAST_KEPT, LAST_OUTAGE_S, OUTAGE_S, ServerWatch
+from orchestrator.core.outbox import BUFFERED, LAST_KEPT, LAST_OUTAGE_S, OUTAGE_S
 from orchestrator.core.status import TrialStatus
+from orchestrator.core.watch import ServerWatch
 from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR, RESUMED
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.view import fmt_time as _fmt_time
@@ -82,7 +83,7 @@ class LiveView:
                  every: float = 15.0, uri: str = ""):
         self.total, self.steps, self.default_steps = total, dict(steps), default_steps
         self.metric, self.mode, self.every = metric, mode, every
-        # an MLflow server: watched from the driver too (``outbox.ServerWatch``), so an outage is said
+        # an MLflow server: watched from the driver too (``core.watch.ServerWatch``), so an outage is said
         # within seconds even while no trial reports (trials waiting to create their runs)
         self.watch = ServerWatch(uri) if uri.startswith(("http://", "https://")) else None
         self.setup()

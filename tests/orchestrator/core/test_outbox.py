@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from orchestrator.core import outbox
+from orchestrator.core import outbox, watch
 from orchestrator.core.outbox import Health, Outbox, TrackingUnavailable
 
 
@@ -221,7 +221,7 @@ def test_the_drivers_watch_says_an_outage_while_it_lasts_and_its_end():
         if not up[0]:
             raise ConnectionRefusedError(111, "Connection refused")
 
-    w = outbox.ServerWatch("http://tracking:5000", probe=probe, repeat=60, clock=lambda: now[0])
+    w = watch.ServerWatch("http://tracking:5000", probe=probe, repeat=60, clock=lambda: now[0])
     w.check()
     assert w.news() is None
     up[0], now[0] = False, 10.0
@@ -253,7 +253,7 @@ def test_the_watch_probes_a_real_socket_within_seconds():
     s.bind(("127.0.0.1", 0))
     port = s.getsockname()[1]
     s.close()  # nothing listens there now: refused at once
-    w = outbox.ServerWatch(f"http://127.0.0.1:{port}", every=0.1).start()
+    w = watch.ServerWatch(f"http://127.0.0.1:{port}", every=0.1).start()
     t0 = time.monotonic()
     line = None
     while line is None and time.monotonic() - t0 < 10:
@@ -262,3 +262,25 @@ def test_the_watch_probes_a_real_socket_within_seconds():
     w.close()
     assert line is not None and line.startswith(f"MLflow at http://127.0.0.1:{port} unreachable from the driver (")
     assert time.monotonic() - t0 < 10
+
+
+def test_the_watch_pickles_with_the_console_ray_keeps():
+    """Ray Tune pickles its callbacks (the console, holding the watch) with the experiment state:
+    a started watch pickles without its lock, thread or probe, and the copy watches by itself."""
+    import pickle
+
+    import cloudpickle
+
+    from orchestrator.sweep.console import LiveView
+
+    v = LiveView(total=1, steps={"a": 10}, default_steps=10, metric="final/val_loss", mode="min",
+                 uri="http://127.0.0.1:9")
+    v.watch.start()
+    try:
+        for dumps in (pickle.dumps, cloudpickle.dumps):
+            copy = pickle.loads(dumps(v))
+            assert copy.watch.thread is None and copy.watch.uri == "http://127.0.0.1:9"
+            copy.watch.check()  # port 9 (discard) refuses: the copy's own probe says the outage
+            assert copy.watch.news().startswith("MLflow at http://127.0.0.1:9 unreachable from the driver (")
+    finally:
+        v.watch.close()

@@ -241,9 +241,11 @@ def test_resume_continues_the_same_mlflow_run(mlflow_uri, tmp_path):
     from mlflow.tracking import MlflowClient
 
     ck = str(tmp_path / "ck")
+    senders = lambda: {t for t in threading.enumerate() if t.name == "lime-mlflow-outbox"}  # noqa: E731
+    before = senders()  # another test's logger may still be open in this process
     first = run_trial(tiny(steps=20, checkpoint_dir=ck), tracking=Tracking(experiment="r"), stop_at=10)
     # the stopped attempt's metric sender is gone (a reused worker process would collect one per stop)
-    assert not [t for t in threading.enumerate() if t.name == "lime-mlflow-outbox"]
+    assert not senders() - before
     second = run_trial(tiny(steps=20, checkpoint_dir=ck), tracking=Tracking(experiment="r"), resume=first.checkpoint)
     assert first.run_id == second.run_id
     cl = MlflowClient(mlflow_uri)

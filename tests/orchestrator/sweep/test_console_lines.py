@@ -82,7 +82,7 @@ def test_an_outage_is_said_when_it_begins_and_when_it_ends(capsys):
 
 
 def test_the_console_says_an_outage_the_driver_sees_with_the_counts(capsys):
-    from orchestrator.core import outbox
+    from orchestrator.core import watch
 
     v = LiveView(total=3, steps={"base": 100}, default_steps=100, metric="final/val_loss", mode="min", every=1e9,
                  uri="http://tracking:5000")
@@ -92,7 +92,7 @@ def test_the_console_says_an_outage_the_driver_sees_with_the_counts(capsys):
         if not up[0]:
             raise ConnectionRefusedError(111, "Connection refused")
 
-    v.watch = outbox.ServerWatch("http://tracking:5000", probe=probe)
+    v.watch = watch.ServerWatch("http://tracking:5000", probe=probe)
     t = _trial("base")
     v.watch.check()
     v.on_step_end(0, [t])
