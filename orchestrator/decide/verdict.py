@@ -108,6 +108,7 @@ class Margin:
         return f"{self.value:g}%" if self.relative else f"{self.value:g}"
 
 
+METRIC_NAME = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.@-]+)+\Z")
 _PCT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*%\s*\Z")
 
 
@@ -138,6 +139,10 @@ def parse_margins(v: Any, where: str = "report.margin") -> dict[str | None, Marg
     if isinstance(v, dict):
         if not v:
             raise ConfigError(f"{where}: an empty mapping; give metric: margin pairs or one margin")
+        for k in v:  # a metric's name: ``final/val_loss``, ``eval/<task>/<metric>`` (a bare word never is)
+            if not isinstance(k, str) or not METRIC_NAME.match(k):
+                raise ConfigError(f"{where}: {k!r} is not a metric name; name metrics as logged, like "
+                                  "final/val_loss or eval/<task>/<metric>")
         return {str(k): parse_margin(x, f"{where}.{k}") for k, x in v.items()}
     if isinstance(v, str) and "=" in v:  # the recorded text of a mapping
         out = {}
@@ -162,6 +167,15 @@ def margin_for(margins: dict[str | None, Margin], metric: str, report_metric: st
     if metric in margins:
         return margins[metric]
     return margins.get(None) if metric == report_metric else None
+
+
+def check_margin_metrics(margins: dict[str | None, Margin], logged: list[str], sweep: str,
+                         where: str = "report.margin") -> None:
+    """ConfigError when a margin names a metric no run of the sweep logs (it would apply to nothing)."""
+    for k in margins:
+        if k is not None and k not in logged:
+            raise ConfigError(f"{where}.{k}: {k!r} is not logged by any run of sweep {sweep!r}; metrics: "
+                              f"{sorted(logged)}")
 
 
 def table_contradictions(rows: list[dict[str, Any]]) -> list[str]:

@@ -62,6 +62,7 @@ from orchestrator.core import record, tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
+from orchestrator.decide.verdict import check_margin_metrics
 from orchestrator.report import evaluation, routing, scaling, search
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
@@ -175,6 +176,8 @@ def _runs_frame(data: SweepRuns, choice: Choice) -> pd.DataFrame:
             raise ConfigError(f"report.metric: {choice.metric!r} is not logged by any run of sweep "
                               f"{data.name!r}; metrics: {known}")
         df[choice.metric] = float("nan")
+    if (df["status"] == TrialStatus.FINISHED).any():
+        check_margin_metrics(choice.margins, [c for c in df.columns if isinstance(c, str) and "/" in c], data.name)
     if df[choice.axis].map(lambda v: norm_value(v) is None).all():
         raise ConfigError(f"report.axis: {choice.axis!r} has no value in any run of sweep {data.name!r}; "
                           f"use an alias ({', '.join(ALIASES)}) or a dotted config key")

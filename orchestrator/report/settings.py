@@ -58,6 +58,7 @@ class Choice:
     folded: tuple[str, ...] = ()  # searched keys that are part of the compared configuration
     margin: Any = None  # the margin for this report's metric (``orchestrator.decide.verdict.Margin``) or None
     decide: Any = None  # the sweep's sequential design (``record.DecideRecord``) or None: fixed seeds
+    margins: dict = field(default_factory=dict)  # every margin the settings give, by metric (None: the report's)
 
 
 DEFAULTS = ReportSettings()
@@ -80,17 +81,18 @@ def choose(settings: ReportSettings, metric: str | None = None, axis: str | None
         origin = "default" if settings.stated is not None else "sweep's"
     grid_cols = [g for g in settings.axes if g not in ("seed", "train.seed")]
     chosen_metric = str(metric or settings.metric)
-    margin = margin_for(parse_margins(settings.margin), chosen_metric, settings.metric)
+    margins = parse_margins(settings.margin)
+    margin = margin_for(margins, chosen_metric, settings.metric)
     if settings.search and axis is None and not (settings.stated and "axis" in settings.stated):
         return Choice(metric=chosen_metric, axis=CONFIG, baseline=None, explicit_baseline=False,
                       baseline_origin="best", grid_cols=[], alpha=float(settings.alpha), mode=settings.mode,
-                      paper=settings.paper, margin=margin,
+                      paper=settings.paper, margin=margin, margins=margins,
                       folded=tuple(g for g in settings.search if g not in ("seed", "train.seed")))
     return Choice(metric=chosen_metric, axis=chosen_axis, baseline=base,
                   explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols,
                   alpha=float(settings.alpha), mode=settings.mode, paper=settings.paper,
                   tune=canonical(dotted(settings.tune)) if settings.tune else None, margin=margin,
-                  decide=settings.decide)
+                  decide=settings.decide, margins=margins)
 
 
 @dataclass

@@ -75,6 +75,14 @@ def test_a_bad_margin_is_one_clear_line(bad):
         parse_margins(bad)
 
 
+def test_a_margin_names_a_metric_as_logged():
+    with pytest.raises(ConfigError) as e:
+        parse_margins({"val_loss": 0.01})
+    assert str(e.value) == ("report.margin: 'val_loss' is not a metric name; name metrics as logged, like "
+                            "final/val_loss or eval/<task>/<metric>")
+    assert list(parse_margins({"eval/arc_easy/acc_norm": "1%"})) == ["eval/arc_easy/acc_norm"]
+
+
 def test_bonferroni_levels():
     assert Family(BASELINE, 4, 0.05).level == pytest.approx(0.9875)
     assert "4 comparison(s)" in Family(BASELINE, 4, 0.05).text()

@@ -65,6 +65,18 @@ def test_a_fixed_seed_report_with_a_margin(tmp_path, monkeypatch):
     assert "**first-4**: equivalent to `none` within the margin +-0.01" in md
 
 
+def test_a_margin_on_a_metric_no_run_logs_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    from lime_arch.errors import ConfigError
+
+    _store(tmp_path, monkeypatch, "iv-typo", {"none": (0.0, 0.0), "full": (-0.05, 0.01)},
+           margin="final/val_loss=0.01;eval/arc/acc=1%")
+    with pytest.raises(ConfigError) as e:
+        build_report("iv-typo", out=tmp_path / "r", log_to_mlflow=False)
+    assert str(e.value).startswith("report.margin.eval/arc/acc: 'eval/arc/acc' is not logged by any run of sweep "
+                                   "'iv-typo'; metrics: [")
+    assert not (tmp_path / "r").exists()
+
+
 def test_without_a_margin_nothing_is_called_a_match(tmp_path, monkeypatch):
     _store(tmp_path, monkeypatch, "iv-none", {"none": (0.0, 0.0), "first-4": (0.0, 0.02)})
     out = build_report("iv-none", out=tmp_path / "r", log_to_mlflow=False).parent
