@@ -1,6 +1,6 @@
 """Real parts for the cluster tests: an `mlflow server` with an artifact store, and a Ray cluster
 of two nodes on this machine (`ray start --head` and `ray start --address`), each with its own
-temp dir, CPU count and custom resource, started as the README's cluster section says.
+temp dir, CPU count and custom resource, started as docs/CLUSTER.md says.
 
 Every process is started in its own session and stopped by its process group id (SIGTERM, then
 SIGKILL after a grace period), plus any process whose command line names the fixture's private

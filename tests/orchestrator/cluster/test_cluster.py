@@ -1,5 +1,5 @@
 """A sweep on a real two-node Ray cluster with an MLflow server (fixtures in conftest.py), run
-the way README's "A cluster" section says: `lime sweep run FILE --address HEAD:PORT` with
+the way docs/CLUSTER.md says: `lime sweep run FILE --address HEAD:PORT` with
 MLFLOW_TRACKING_URI=http://..., killed mid-way and run again. Also the failure paths of
 connecting: a dead address, a port that is no Ray, ray://, a refused token."""
 from __future__ import annotations
