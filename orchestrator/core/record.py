@@ -64,7 +64,10 @@ SWEEP_WALL, SLOTS, RAY_START, LAUNCHES = "sweep/wall_s", "sweep/slots", "sweep/r
 
 # -- metrics ----------------------------------------------------------------------------------------------
 TRIAL_WALL = "trial/wall_s"  # the seconds a trial's attempts spent in their workers
-FINAL_VAL_LOSS = "final/val_loss"
+VAL_LOSS = "val/loss"  # the loss per target token on the validation windows, at every eval
+VAL_LOSS_SE = "val/loss_se"  # its standard error over the windows (engine.trainer.mean_and_se)
+FINAL_VAL_LOSS = "final/val_loss"  # the last eval, at the end of a finished trial
+FINAL_VAL_LOSS_SE = "final/val_loss_se"
 
 
 def cast_param(s: Any) -> Any:
