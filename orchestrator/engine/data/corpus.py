@@ -104,6 +104,7 @@ def load_named_tokenizer(name: str) -> HFTokenizer:
 
 
 # -- token streams -----------------------------------------------------------------------------
+EVAL_BATCH_TOKENS = 8192  # targets per validation batch at least: few forward calls, no gradients kept
 class TokenData:
     """A language-modelling corpus: one training and one validation stream of token ids."""
 
@@ -126,12 +127,15 @@ class TokenData:
 
     def val_batches(self, batch: int, seq: int, n: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The validation windows (``heldout.window_starts``: ``val_tokens`` spread over the whole
-        held-out stream) in batches of ``batch``; ``n`` (``train.eval_batches``) sizes only the
-        synthetic tasks' sets, a corpus's size is ``data.val_tokens``."""
+        held-out stream) in batches of ``batch`` windows, or of ``EVAL_BATCH_TOKENS`` targets when
+        that is more (no gradients: a pass over 32768 tokens in batches of 2 x 16 would take
+        1024 forward calls); ``n`` (``train.eval_batches``) sizes only the synthetic tasks' sets,
+        a corpus's size is ``data.val_tokens``."""
         starts = torch.tensor(window_starts(self.val.numel(), seq, self.val_tokens, self.name))
         chunk = self.val[starts[:, None] + torch.arange(seq + 1)]
         x, y = chunk[:, :-1], chunk[:, 1:]
-        return [(x[i:i + batch], y[i:i + batch]) for i in range(0, len(starts), batch)]
+        rows = max(batch, EVAL_BATCH_TOKENS // seq)
+        return [(x[i:i + rows], y[i:i + rows]) for i in range(0, len(starts), rows)]
 
     def evaluate(self, model, device) -> dict[str, float]:
         return {}
