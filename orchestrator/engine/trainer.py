@@ -40,9 +40,7 @@ from orchestrator.engine.checkpoint import (
 from orchestrator.engine.data import IGNORE, make_batches
 from orchestrator.engine.schedule import make_optimizer, peak_mem_mb, pick_device, seed_everything
 from orchestrator.engine.trial_config import TrialConfig
-from orchestrator.engine.val_loss import evaluate_loss, mean_and_se, window_losses
-
-__all__ = ["Hook", "Trainer", "TrialResult", "evaluate_loss", "last_values"]
+from orchestrator.engine.val_loss import evaluate_loss, mean_and_se, window_losses  # noqa: F401 - evaluate_loss: re-exported
 
 
 @dataclass
