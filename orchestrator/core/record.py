@@ -53,8 +53,9 @@ AXES = "sweep.axes"
 FINGERPRINT = "sweep.fingerprint"
 SEARCH_METRIC = "sweep.search.metric"  # only a search sweep's parent has it
 SEED_EXTENSION = "sweep.seeds."  # + extension name ("extend-1"): the seeds it added
-REPORT_KEYS = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper", "margin")  # what a file may state
-REPORT_OPTIONAL = ("alpha", "mode", "paper", "tune", "margin")  # absent on parents of older sweeps
+REPORT_KEYS = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper", "margin",
+               "final_evals")  # what a file may state
+REPORT_OPTIONAL = ("alpha", "mode", "paper", "tune", "margin", "final_evals")  # absent on parents of older sweeps
 DECIDE = "sweep.decide."  # the sequential design (``decide:`` / ``--until-decided``): max_seeds, wave
 DECIDE_MARGIN = DECIDE + "margin_abs"  # the absolute margin the waves use (a % margin fixed at the first wave)
 DECIDE_WAVE = DECIDE + "wave-"  # + k: the decisions after the k-th look (JSON, ``decide.waves.Wave.record``)
@@ -64,7 +65,10 @@ SWEEP_WALL, SLOTS, RAY_START, LAUNCHES = "sweep/wall_s", "sweep/slots", "sweep/r
 
 # -- metrics ----------------------------------------------------------------------------------------------
 TRIAL_WALL = "trial/wall_s"  # the seconds a trial's attempts spent in their workers
-FINAL_VAL_LOSS = "final/val_loss"
+VAL_LOSS = "val/loss"  # the loss per target token on the validation windows, at every eval
+VAL_LOSS_SE = "val/loss_se"  # its standard error over the windows (engine.trainer.mean_and_se)
+FINAL_VAL_LOSS = "final/val_loss"  # the last eval, at the end of a finished trial
+FINAL_VAL_LOSS_SE = "final/val_loss_se"
 
 
 def cast_param(s: Any) -> Any:
@@ -111,6 +115,7 @@ class ReportSettings:
     margin: str | None = None  # the equivalence margin's text (``orchestrator.decide.verdict.parse_margins``)
     search: tuple[str, ...] = ()  # a search sweep's searched keys, canonical (empty: a grid)
     decide: DecideRecord | None = None  # the sweep ran with sequential seeds (the waves are DECIDE_WAVE params)
+    final_evals: int = 1  # the final metric: the mean of the last this many evaluations (report.curves)
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> ReportSettings | None:
@@ -129,7 +134,9 @@ class ReportSettings:
                 continue
             if key == "alpha" and not (isinstance(v, float) and 0 < v < 1):
                 raise ConfigError(f"{REPORT}alpha: must be a number between 0 and 1, got {v!r}")
-            optional[key] = float(v) if key == "alpha" else str(v)
+            if key == "final_evals" and not (isinstance(v, int) and not isinstance(v, bool) and v >= 1):
+                raise ConfigError(f"{REPORT}final_evals: must be an integer >= 1, got {v!r}")
+            optional[key] = float(v) if key == "alpha" else v if key == "final_evals" else str(v)
         return cls(metric=params[REPORT + "metric"], axis=params[REPORT + "axis"],
                    baseline=cast_param(params[REPORT + "baseline"]), axes=axes, stated=stated,
                    search=axes if SEARCH_METRIC in params else (), decide=DecideRecord.from_params(params), **optional)
@@ -172,6 +179,7 @@ class ReportRecord:
     tune: str | None = None
     paper: str | None = None
     margin: str | None = None
+    final_evals: int = 1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,6 +218,8 @@ class SweepRecord:
         for key in ("tune", "paper", "margin"):  # only when the file sets them (a reader takes absence as unset)
             if getattr(r, key) is not None:
                 out[REPORT + key] = getattr(r, key)
+        if r.final_evals != 1:  # absent: the last evaluation (as parents of older sweeps)
+            out[REPORT + "final_evals"] = r.final_evals
         if self.extends:
             out["sweep.extends"] = self.extends
         if self.search is not None:
@@ -232,7 +242,8 @@ class SweepRecord:
                               baseline=c[REPORT + "baseline"], alpha=float(c[REPORT + "alpha"]),
                               mode=params[REPORT + "mode"], stated=_split(params.get(REPORT + "explicit")),
                               tune=params.get(REPORT + "tune"), paper=params.get(REPORT + "paper"),
-                              margin=params.get(REPORT + "margin"))
+                              margin=params.get(REPORT + "margin"),
+                              final_evals=int(params.get(REPORT + "final_evals", 1)))
         return cls(n_trials=c["sweep.n_trials"], axes=_split(params.get(AXES)), cpu=float(c["sweep.resources.cpu"]),
                    gpu=float(c["sweep.resources.gpu"]), max_failures=c["sweep.max_failures"],
                    max_concurrent=c["sweep.max_concurrent"], fingerprint=params[FINGERPRINT], report=report,
@@ -246,7 +257,8 @@ class SweepRecord:
         return ReportSettings(metric=r.metric, axis=r.axis, baseline=r.baseline, axes=axes,
                               stated=frozenset(k for k in r.stated if k in ("metric", "axis", "baseline")),
                               alpha=r.alpha, mode=r.mode, paper=r.paper, tune=r.tune, margin=r.margin,
-                              search=axes if self.search is not None else (), decide=self.decide)
+                              search=axes if self.search is not None else (), decide=self.decide,
+                              final_evals=r.final_evals)
 
 
 # -- the parent's tags ------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from lime_arch import ConfigError, build_model
+from orchestrator.core.record import FINAL_VAL_LOSS, FINAL_VAL_LOSS_SE, VAL_LOSS, VAL_LOSS_SE
 from orchestrator.core.status import TrialStatus
 from orchestrator.engine.checkpoint import (
     CKPT_NAME,
@@ -39,6 +40,7 @@ from orchestrator.engine.checkpoint import (
 from orchestrator.engine.data import IGNORE, make_batches
 from orchestrator.engine.schedule import make_optimizer, peak_mem_mb, pick_device, seed_everything
 from orchestrator.engine.trial_config import TrialConfig
+from orchestrator.engine.val_loss import evaluate_loss, mean_and_se, window_losses  # noqa: F401 - evaluate_loss: re-exported
 
 
 @dataclass
@@ -97,22 +99,6 @@ class Hook:
 
     def on_error(self, t: Trainer, exc: BaseException) -> None:
         """An exception leaves the trainer (KeyboardInterrupt: killed); it is re-raised after."""
-
-
-@torch.no_grad()
-def evaluate_loss(model, batches, device, autocast) -> float:
-    """Mean loss per target token over the batches (eval mode, back to train mode after)."""
-    model.eval()
-    total, count = 0.0, 0
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        with autocast():
-            logits = model(x)
-        total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=IGNORE,
-                                 reduction="sum").item()
-        count += int((y != IGNORE).sum())
-    model.train()
-    return total / max(count, 1)
 
 
 def last_values(history: list[dict]) -> dict[str, float]:
@@ -304,14 +290,16 @@ class Trainer:
 
     # -- evaluation and the end ------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """The loss and perplexity on the fixed validation batches."""
-        vl = evaluate_loss(self.fwd, self.val, self.device, self.autocast)
-        return {"val/loss": vl, "val/ppl": math.exp(min(vl, 50))}
+        """The loss, its standard error over the validation windows and the perplexity on the
+        fixed validation batches."""
+        vl, se = mean_and_se(*window_losses(self.fwd, self.val, self.device, self.autocast))
+        return {VAL_LOSS: vl, VAL_LOSS_SE: se, "val/ppl": math.exp(min(vl, 50))}
 
     def final_metrics(self) -> dict[str, float]:
         """Validation, the data source's own metrics (task accuracy) and the hooks' metrics."""
         final = self.evaluate()
-        final.update({"final/val_loss": final["val/loss"], "final/val_ppl": final["val/ppl"]})
+        final.update({FINAL_VAL_LOSS: final[VAL_LOSS], FINAL_VAL_LOSS_SE: final[VAL_LOSS_SE],
+                      "final/val_ppl": final["val/ppl"]})
         self.model.eval()
         task_metrics = self.data.evaluate(self.model, self.device)
         self.model.train()

@@ -46,7 +46,8 @@ class DataConfig:
     tokenizer: Str = "byte"  # byte | bpe | (hf) a tokenizer name or tokenizer.json path
     bpe_vocab_size: Positive = 2048
     paths: Annotated[list[Str], Field(strict=True)] = field(default_factory=list)  # text: files or globs
-    val_fraction: Annotated[Float, Field(gt=0, lt=1)] = 0.1  # builtin/text: the last documents are held out
+    val_fraction: Annotated[Float, Field(gt=0, lt=1)] = 0.2  # builtin/text: the last documents are held out
+    val_tokens: Positive = 32768  # builtin/text/hf: validation targets, spread over the held-out documents
     hf_name: Str = "HuggingFaceFW/fineweb-edu"  # a hub name or a local `save_to_disk` folder
     hf_config: Str | None = "sample-10BT"
     hf_split: Str = "train"

@@ -1,8 +1,9 @@
 """Post-hoc top-p pruning of a trained checkpoint (``lime prune``; the paper's Table 5).
 
 ``prune_checkpoint`` loads a checkpoint with its trial's data, measures the validation loss on the
-trial's own validation batches (those the trainer evaluates: ``train.batch_size`` x ``seq_len``,
-``train.eval_batches``), prunes every layer's router weights at ``top_p`` (``lime_arch.prune``:
+trial's own validation batches (those the trainer evaluates: a corpus's ``data.val_tokens`` in
+windows of ``seq_len``, a task's ``train.eval_batches`` x ``train.batch_size`` examples), prunes
+every layer's router weights at ``top_p`` (``lime_arch.prune``:
 per routed head the smallest prefix of |w| share above ``top_p``, renormalised) and measures it
 again. The outcome holds both losses, the pruned weights per layer (Table 5's counts), the source
 layers no longer read and the sources each routed head still reads. ``save_pruned`` writes the

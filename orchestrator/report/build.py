@@ -63,7 +63,7 @@ from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
 from orchestrator.decide.verdict import check_margin_metrics
-from orchestrator.report import evaluation, routing, scaling, search
+from orchestrator.report import curves, evaluation, routing, scaling, search
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper.refs import reference_for
@@ -109,6 +109,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     choice = choose(settings, metric, axis, baseline)
     ref = reference_for(sweep, choice.paper)
     data = collect_runs(found, choice.metric, cl)
+    data.notes.extend(curves.apply_final_evals(data.frame, data.histories, choice.metric, choice.final_evals))
     df = _runs_frame(data, choice)
     mode = verdicts.metric_mode(choice.metric, choice.mode)
     if choice.folded:  # a search: each configuration against the best one

@@ -19,7 +19,8 @@ Optional params (a sweep launched before they existed has none, and gets the def
 name), ``sweep.report.margin`` (the equivalence margin: without it no verdict says two variants
 match), ``sweep.report.paper`` (the paper result the sweep mirrors, ``orchestrator.report.paper.refs``;
 default from the sweep's name) and ``sweep.report.tune`` (an axis, usually ``lr``, along which
-each variant is compared at its own best value).
+each variant is compared at its own best value) and ``sweep.report.final_evals`` (the final metric
+as the mean of each trial's last k evaluations, ``orchestrator.report.curves``; absent: 1, the last).
 
 A search sweep (the parent has ``sweep.search.*`` params) compares its sampled configurations
 (``orchestrator.report.search``) unless the file states ``report.axis`` or ``--axis`` is given:
@@ -59,6 +60,7 @@ class Choice:
     margin: Any = None  # the margin for this report's metric (``orchestrator.decide.verdict.Margin``) or None
     decide: Any = None  # the sweep's sequential design (``record.DecideRecord``) or None: fixed seeds
     margins: dict = field(default_factory=dict)  # every margin the settings give, by metric (None: the report's)
+    final_evals: int = 1  # the final metric: the mean of the last this many evaluations (``report.curves``)
 
 
 DEFAULTS = ReportSettings()
@@ -86,13 +88,13 @@ def choose(settings: ReportSettings, metric: str | None = None, axis: str | None
     if settings.search and axis is None and not (settings.stated and "axis" in settings.stated):
         return Choice(metric=chosen_metric, axis=CONFIG, baseline=None, explicit_baseline=False,
                       baseline_origin="best", grid_cols=[], alpha=float(settings.alpha), mode=settings.mode,
-                      paper=settings.paper, margin=margin, margins=margins,
+                      paper=settings.paper, margin=margin, margins=margins, final_evals=settings.final_evals,
                       folded=tuple(g for g in settings.search if g not in ("seed", "train.seed")))
     return Choice(metric=chosen_metric, axis=chosen_axis, baseline=base,
                   explicit_baseline=explicit, baseline_origin=origin, grid_cols=grid_cols,
                   alpha=float(settings.alpha), mode=settings.mode, paper=settings.paper,
                   tune=canonical(dotted(settings.tune)) if settings.tune else None, margin=margin,
-                  decide=settings.decide, margins=margins)
+                  decide=settings.decide, margins=margins, final_evals=settings.final_evals)
 
 
 @dataclass

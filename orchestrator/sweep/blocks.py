@@ -127,6 +127,8 @@ class ReportSpec:
     paper: PaperRef = None  # the paper table the sweep mirrors (the report's fidelity section)
     # the equivalence margin: a number (metric units), "1%" of the baseline's mean, or {metric: either}
     margin: Margin = None
+    # the final metric as the mean of each trial's last k evaluations (orchestrator.report.curves); 1: the last
+    final_evals: Annotated[Int, Field(ge=1, description="an integer >= 1 (evaluations averaged)")] = 1
 
 
 @dataclass(kw_only=True, config=CONFIG)

@@ -129,7 +129,7 @@ def sweep_record(spec: SweepSpec) -> record.SweepRecord:
     margin = dec.margin if dec is not None and dec.margin is not None else rep.margin  # decide's wins
     report = record.ReportRecord(metric=rep.metric, axis=rep.axis, baseline=rep.baseline, alpha=rep.alpha,
                                  mode=rep.mode, stated=spec.report_stated, tune=rep.tune, paper=rep.paper,
-                                 margin=margin)
+                                 margin=margin, final_evals=rep.final_evals)
     decide = None if dec is None else record.DecideRecord(max_seeds=dec.max_seeds, wave=dec.wave)
     return record.SweepRecord(n_trials=spec.n_trials(), axes=tuple(spec.axes()), cpu=r.cpu, gpu=r.gpu,
                               max_failures=spec.max_failures, max_concurrent=spec.max_concurrent,

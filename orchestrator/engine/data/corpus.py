@@ -5,7 +5,9 @@ the source:
   vocab_size, eos_id, tokenizer          the tokenizer the model's vocabulary follows
   train_batch(step, batch, seq, seed)    (x, y) for a step: a pure function of (seed, step), so
                                          the data position of a checkpoint is just its step
-  val_batches(batch, seq, n)             a fixed held-out set, the same for every trial
+  val_batches(batch, seq, n)             a fixed held-out set, the same for every trial (corpora:
+                                         data.val_tokens spread over the held-out documents,
+                                         ``heldout.window_starts``; tasks: n batches of examples)
   evaluate(model, device)                extra validation metrics (task accuracy), {} for corpora
   describe()                             numbers worth logging (tokens per split, ...)
 Targets use -100 where the loss is masked (synthetic prompts).
@@ -21,6 +23,7 @@ import torch
 
 from lime_arch import ConfigError
 from orchestrator.engine.data import hub
+from orchestrator.engine.data.heldout import drop_near_duplicates, window_starts
 from orchestrator.engine.data.registry import register_source
 from orchestrator.engine.sources import expand_paths
 from orchestrator.engine.trial_config import DataConfig
@@ -101,11 +104,14 @@ def load_named_tokenizer(name: str) -> HFTokenizer:
 
 
 # -- token streams -----------------------------------------------------------------------------
+EVAL_BATCH_TOKENS = 8192  # targets per validation batch at least: few forward calls, no gradients kept
 class TokenData:
     """A language-modelling corpus: one training and one validation stream of token ids."""
 
-    def __init__(self, train: torch.Tensor, val: torch.Tensor, tokenizer, name: str, **info):
+    def __init__(self, train: torch.Tensor, val: torch.Tensor, tokenizer, name: str, *, val_tokens: int,
+                 **info):
         self.train, self.val, self.tokenizer, self.name, self.info = train, val, tokenizer, name, info
+        self.val_tokens = val_tokens  # data.val_tokens: the size of the validation set
         self.vocab_size, self.eos_id = tokenizer.vocab_size, tokenizer.eos_id
 
     def train_batch(self, step: int, batch: int, seq: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,16 +125,17 @@ class TokenData:
         chunk = self.train[idx]
         return chunk[:, :-1], chunk[:, 1:]
 
-    def val_batches(self, batch: int, seq: int, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        windows = (self.val.numel() - 1) // seq
-        if windows < 1:
-            raise ConfigError(f"data: the {self.name} validation split ({self.val.numel()} tokens) is "
-                              f"shorter than train.seq_len={seq}")
-        k = min(n * batch, windows)
-        chunk = self.val[: k * seq + 1]
-        x = chunk[:-1].view(k, seq)
-        y = chunk[1:].reshape(k, seq)
-        return [(x[i:i + batch], y[i:i + batch]) for i in range(0, k, batch)]
+    def val_batches(self, batch: int, seq: int, n: int | None = None) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The validation windows (``heldout.window_starts``: ``val_tokens`` spread over the whole
+        held-out stream) in batches of ``batch`` windows, or of ``EVAL_BATCH_TOKENS`` targets when
+        that is more (no gradients: a pass over 32768 tokens in batches of 2 x 16 would take
+        1024 forward calls); ``n`` (``train.eval_batches``) sizes only the synthetic tasks' sets,
+        a corpus's size is ``data.val_tokens``."""
+        starts = torch.tensor(window_starts(self.val.numel(), seq, self.val_tokens, self.name))
+        chunk = self.val[starts[:, None] + torch.arange(seq + 1)]
+        x, y = chunk[:, :-1], chunk[:, 1:]
+        rows = max(batch, EVAL_BATCH_TOKENS // seq)
+        return [(x[i:i + rows], y[i:i + rows]) for i in range(0, len(starts), rows)]
 
     def evaluate(self, model, device) -> dict[str, float]:
         return {}
@@ -163,7 +170,7 @@ def _corpus(texts: list[str], cfg: DataConfig, name: str) -> TokenData:
     tok = ByteTokenizer() if cfg.tokenizer == "byte" else train_bpe(train_t, cfg.bpe_vocab_size)
     enc = tok.encode
     return TokenData(_stream([enc(t) for t in train_t], tok.eos_id),
-                     _stream([enc(t) for t in val_t], tok.eos_id), tok, name,
+                     _stream([enc(t) for t in val_t], tok.eos_id), tok, name, val_tokens=cfg.val_tokens,
                      train_docs=len(train_t), val_docs=len(val_t))
 
 
@@ -175,12 +182,14 @@ def _builtin(cfg: DataConfig) -> TokenData:
 
 
 def builtin_documents() -> list[str]:
-    """The built-in corpus' documents in their fixed order (``split_documents`` holds out the last)."""
+    """The built-in corpus' documents in their fixed order (``split_documents`` holds out the last),
+    without near duplicates (``heldout.drop_near_duplicates``: they would put training text in the
+    held-out documents)."""
     from pydoc_data.topics import topics
 
     texts = [topics[k] for k in sorted(topics)]
     random.Random(1234).shuffle(texts)  # fixed shuffle: the split is the same for everyone
-    return texts
+    return drop_near_duplicates(texts)
 
 
 @register_source("text")
@@ -240,7 +249,8 @@ def _hf(cfg: DataConfig) -> TokenData:
         raise ConfigError(f"data.hf_val_docs: {cfg.hf_name} has too few documents for a "
                           f"{cfg.hf_val_docs}-document validation set and a training set")
     train = torch.tensor(train_ids[: cfg.max_train_tokens], dtype=torch.long)
-    return TokenData(train, _stream(val_docs, tok.eos_id), tok, f"hf:{cfg.hf_name}", val_docs=len(val_docs))
+    return TokenData(train, _stream(val_docs, tok.eos_id), tok, f"hf:{cfg.hf_name}", val_tokens=cfg.val_tokens,
+                     val_docs=len(val_docs))
 
 
 BPE_CHARS_PER_TOKEN = 8  # text read per training token for a BPE trained here: more than BPE tokens span
@@ -266,4 +276,4 @@ def _hf_bpe(ds, cfg: DataConfig) -> TokenData:
     tok = train_bpe(train_t, cfg.bpe_vocab_size)
     train = _stream(tok.encode_batch(train_t), tok.eos_id)[: cfg.max_train_tokens]
     return TokenData(train, _stream(tok.encode_batch(val_t), tok.eos_id), tok, f"hf:{cfg.hf_name}",
-                     val_docs=len(val_t))
+                     val_tokens=cfg.val_tokens, val_docs=len(val_t))

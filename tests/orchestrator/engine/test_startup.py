@@ -130,7 +130,7 @@ def test_shared_data_builds_each_config_once_and_keeps_only_the_last():
     for (x, y), (rx, ry) in zip(a.val_batches(4, 32, 2), ref.val_batches(4, 32, 2)):
         assert torch.equal(x, rx) and torch.equal(y, ry)
     assert torch.equal(a.train_batch(3, 4, 32, 7)[0], ref.train_batch(3, 4, 32, 7)[0])
-    b = startup.shared_data(DataConfig(val_fraction=0.2))
+    b = startup.shared_data(DataConfig(val_fraction=0.3))  # another config (the default is 0.2)
     assert b is not a and list(startup._DATA.values()) == [b]
     assert startup.shared_data(DataConfig()) is not a  # rebuilt after another config replaced it
     startup._DATA.clear()

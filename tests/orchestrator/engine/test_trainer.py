@@ -50,12 +50,12 @@ def test_phases_in_order_across_stop_and_resume(tmp_path):
     assert res.status is TrialStatus.STOPPED and res.run_id == "run-a"
     train = ["perf"] * 6 + ["train"] * 4  # trainer: step time, peak; MemoryHook: 4 memory metrics
     assert first.events == [("start", 0, False, None), ("log", 2, train, False),
-                            ("log", 4, train + ["val", "val"], True), ("stop", 4)]
+                            ("log", 4, train + ["val"] * 3, True), ("stop", 4)]
     assert torch.load(tmp_path / "ck" / "checkpoint.pt", weights_only=True)["run_id"] == "run-a"
     second = Recorder()
     res = run_trial(tiny(checkpoint_dir=ck), tracking=OFF, resume=ck, hooks=[second])
     assert res.status is TrialStatus.FINISHED and res.status == "finished" and res.run_id == "run-a"
-    final = ["final"] * 4 + ["val", "val"]  # val loss and ppl; CostHook: step time, training memory
+    final = ["final"] * 5 + ["val"] * 3  # val loss, its se and ppl; CostHook: step time, training memory
     assert second.events == [("start", 4, True, "run-a"), ("log", 6, train, False), ("log", 8, train, False),
                              ("log", 8, final, True), ("end", 8, TrialStatus.FINISHED)]
     # the cost summary covers the whole run: the 2 windows before the stop and the 2 after the resume
@@ -84,7 +84,7 @@ def test_hook_metrics_are_logged_like_the_engines(mlflow_uri):
     assert [h["extra/step_squared"] for h in logged] == [4.0, 16.0, 36.0, 64.0]
     assert list(logged[1])[:7] == ["step", "train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s",
                                    "perf/step_time_ms", "perf/peak_mem_mb"]
-    assert list(logged[1])[-3:] == ["extra/step_squared", "val/loss", "val/ppl"]  # after the standard hooks' metrics
+    assert list(logged[1])[-4:] == ["extra/step_squared", "val/loss", "val/loss_se", "val/ppl"]  # after the hooks
     assert "val/loss" in logged[1]  # step 4 is also an eval point: after the hook's metric
     assert res.metrics["extra/final_lr"] == pytest.approx(3e-4)  # cosine to min_lr at the end
     cl = MlflowClient(mlflow_uri)

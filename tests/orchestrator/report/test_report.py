@@ -428,3 +428,28 @@ def test_report_of_a_file_that_no_longer_validates(router_sweep, store, tmp_path
     assert cli_main(["report", str(tmp_path / "gone.yaml")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: report: sweep file") and err.endswith("gone.yaml does not exist")
+
+
+def test_final_evals_reads_the_mean_of_the_last_evaluations(store, tmp_path):
+    """``report.final_evals: 3``: each trial's metric is the mean of its last 3 ``val/loss`` values."""
+    from mlflow.entities import Metric
+
+    cl = store[1]
+    name = "report-test-final-evals"
+    exp = tracking.experiment_id(name, cl)
+    parent = cl.create_run(exp, start_time=T0, run_name=name,
+                           tags={"sweep": name, "sweep_role": "parent"}).info.run_id
+    log_sweep_params(cl, parent, axes="router,seed", axis="router", baseline="none", n_trials=6, final_evals="3")
+    start = T0
+    for router, base in (("none", 3.0), ("full", 2.8)):
+        for seed in range(3):
+            rid = add_trial(cl, exp, parent, name, router, seed, final=9.0, status="finished", start=start)
+            # later evaluations than the fixture's (steps 20, 40, 50): base + 0.1 seed + 0, 0.3, 0.6
+            cl.log_batch(rid, metrics=[Metric("val/loss", base + 0.1 * seed + 0.3 * i, start + 200 + i, step)
+                                       for i, step in enumerate((60, 70, 80))])
+            start += 1000
+    md = build_report(name, out=tmp_path, log_to_mlflow=False).read_text()
+    s = summary(tmp_path / name)
+    # mean over seeds of (base + 0.1 seed + 0.3): none 3.0 + 0.1 + 0.3, full 2.8 + 0.1 + 0.3 (not the 9.0 finals)
+    assert s.loc["none", "mean"] == pytest.approx(3.4) and s.loc["full", "mean"] == pytest.approx(3.2)
+    assert "final/val_loss is the mean of each trial's last 3 evaluations of val/loss" in md
