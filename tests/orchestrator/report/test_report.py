@@ -259,7 +259,7 @@ def test_same_runs_same_bytes(router_sweep):
     a, b = router_sweep["first"], router_sweep["second"]
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
-    assert names == ["final_metric.png", "loss_curves.png", "pairs.csv", "report.html", "report.md",
+    assert names == ["final_metric.png", "loss_curves.png", "pairs.csv", "per_seed.csv", "report.html", "report.md",
                      "retrieval_L3.png", "router_full.png", "summary.csv"]  # retrieval: Figure 9's curves of full
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
