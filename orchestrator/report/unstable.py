@@ -82,7 +82,10 @@ def section(df: pd.DataFrame, sdf: pd.DataFrame, axis: str, analyses: list[Paire
     except (ConfigError, ValueError, KeyError) as e:
         return lines + [f"Sensitivity: the verdicts could not be recomputed without these {len(ids)} trials ({e})."]
     change = moved(before, after)
-    n_used = int(sdf["trial_id"].isin(ids).sum())
+    metric = analyses[0].metric if analyses else None
+    mine = sdf[sdf["trial_id"].isin(ids)]
+    finite = pd.to_numeric(mine[metric], errors="coerce").map(math.isfinite) if metric in mine else False
+    n_used = int((mine["status"].astype(str).eq(str(TrialStatus.FINISHED)) & finite).sum())
     what = f"without these {len(ids)} trials ({n_used} of them samples of the tables)"
     if not change:
         return lines + [f"Sensitivity: {what}, no verdict moves."]
