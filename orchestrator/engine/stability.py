@@ -130,8 +130,8 @@ class StabilityHook(Hook):
                     self.detector.observe(series, int(h["step"]), h[series])
         evaluate = t.evaluate
 
-        def watched_evaluate():
-            out = evaluate()
+        def watched_evaluate(*args, **kwargs):
+            out = evaluate(*args, **kwargs)
             self.detector.observe("val/loss", t.step, out.get("val/loss"))
             return out
 
