@@ -30,7 +30,8 @@ def _f(x: str) -> float:
 
 
 def check_intervals(folder: Path) -> int:
-    """Recompute every finite interval of folder/summary.csv from folder/per_seed.csv; the number checked."""
+    """Recompute every finite interval of folder/summary.csv (and pairs.csv) from folder/per_seed.csv;
+    the number checked."""
     summary = list(csv.DictReader(open(folder / "summary.csv")))
     samples = list(csv.DictReader(open(folder / "per_seed.csv")))
     checked = 0
@@ -57,6 +58,36 @@ def check_intervals(folder: Path) -> int:
                 assert lo <= t_lo + 1e-9 * (1 + abs(t_lo)) and hi >= t_hi - 1e-9 * (1 + abs(t_hi))
         assert (iv.low, iv.high) == (pytest.approx(lo, rel=1e-8, abs=1e-12), pytest.approx(hi, rel=1e-8, abs=1e-12))
         checked += 1
+    return checked + check_pairs(folder, samples, summary)
+
+
+def check_pairs(folder: Path, samples: list[dict], summary: list[dict]) -> int:
+    """The all-pairs intervals of pairs.csv from the two variants' values on the blocks both have
+    (up to 16 pairs the sign-flip interval enumerates every flip, so the blocks' order is moot)."""
+    if not (folder / "pairs.csv").is_file():
+        return 0
+    sequential = any(r.get("seeds_design") == "sequential" for r in summary)
+    seed = int(samples[0]["resample_seed"]) if samples else 0
+    checked = 0
+    for row in csv.DictReader(open(folder / "pairs.csv")):
+        lo, hi = _f(row["diff_ci_low"]), _f(row["diff_ci_high"])
+        if math.isnan(lo) and math.isnan(hi):
+            continue
+        vals = {v: {s["block"]: float(s["value"]) for s in samples if s["scope"] == row["scope"] and s["variant"] == v}
+                for v in (row["a"], row["b"])}
+        common = sorted(set(vals[row["a"]]) & set(vals[row["b"]]))
+        d = np.array([vals[row["a"]][k] - vals[row["b"]][k] for k in common])
+        assert len(d) == int(row["n_pairs"])
+        assert d.mean() == pytest.approx(float(row["diff_mean"]), rel=1e-8, abs=1e-12)
+        level = float(row["ci_level"])
+        if not sequential and len(d) > 16:  # Monte-Carlo flips follow the blocks' order: the t part only
+            t_lo, t_hi = sps.t.interval(level, len(d) - 1, loc=d.mean(), scale=sps.sem(d))
+            assert lo <= t_lo + 1e-9 * (1 + abs(t_lo)) and hi >= t_hi - 1e-9 * (1 + abs(t_hi))
+            checked += 1
+            continue
+        iv = confidence_sequence(d, level) if sequential else paired_interval(d, level, seed)
+        assert (iv.low, iv.high) == (pytest.approx(lo, rel=1e-8, abs=1e-12), pytest.approx(hi, rel=1e-8, abs=1e-12))
+        checked += 1
     return checked
 
 
@@ -64,7 +95,8 @@ def test_a_reports_intervals_come_back_from_its_per_seed_csv(tmp_path, monkeypat
     effects = {"none": (0.0, 0.0), "full": (-0.05, 0.01), "first-4": (0.0, 0.02)}
     _store(tmp_path, monkeypatch, "ps-depth", effects, depths=(2, 4))
     out = build_report("ps-depth", out=tmp_path / "r", log_to_mlflow=False).parent
-    assert check_intervals(out) == 2 * 3  # 2 variants, in the pooled table and at each of the 2 depths
+    # 2 variants against the baseline and 1 pair of variants, in the pooled table and at each of the 2 depths
+    assert check_intervals(out) == 3 * 3
     rows = list(csv.DictReader(open(out / "per_seed.csv")))
     assert list(rows[0]) == ["scope", "metric", "axis", "variant", "baseline", "block", "value", "baseline_value",
                              "diff", "paired", "resample_seed"]
