@@ -44,6 +44,7 @@ Z_THRESHOLD = 6.0  # robust z at or above which a value is a spike (a normal ser
 # series (a falling loss's curvature is no spike; the spikes of issue 34 were +25%)
 REL_FLOOR = 0.01
 MAD_TO_SD = 1.4826  # MAD of a normal sample -> its sd
+MAX_LISTED = 100  # spikes named in the stability_steps tag (the counts have them all)
 
 # series watched -> the name of its count among the final metrics
 SERIES = {"train/loss": "stability/train_loss_spikes", "train/grad_norm": "stability/grad_norm_spikes",
@@ -107,8 +108,10 @@ class SpikeDetector:
         return out
 
     def tags(self) -> dict[str, str]:
-        return {TAG: SPIKY if self.spikes else STABLE,
-                STEPS_TAG: ",".join(f"{s.series}@{s.step}" for s in self.spikes)}
+        shown = [f"{s.series}@{s.step}" for s in self.spikes[:MAX_LISTED]]
+        if len(self.spikes) > MAX_LISTED:  # an MLflow tag holds a few thousand characters
+            shown.append(f"... {len(self.spikes) - MAX_LISTED} more")
+        return {TAG: SPIKY if self.spikes else STABLE, STEPS_TAG: ",".join(shown)}
 
 
 class StabilityHook(Hook):

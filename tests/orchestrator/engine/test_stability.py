@@ -79,6 +79,17 @@ def test_the_window_and_the_warm_up_are_honoured():
     assert det.observe("val/loss", 12, float("nan")) is None  # a non-finite value is the trainer's divergence
 
 
+def test_the_steps_tag_names_the_first_hundred_spikes():
+    det = SpikeDetector()
+    for i in range(3000):  # a flat series with a jump every 20th point: 150 spikes
+        det.observe("train/grad_norm", i, 10.0 if i % 20 == 19 else 1.0)
+    n = len(det.spikes)
+    assert n == det.counts()["stability/grad_norm_spikes"] == 150
+    steps = det.tags()["stability_steps"].split(",")
+    assert len(steps) == 101 and steps[0] == f"train/grad_norm@{det.spikes[0].step}"
+    assert steps[-1] == f"... {n - 100} more"
+
+
 def tiny(steps=40, **train):
     return TrialConfig.from_dict({
         "preset": "tiny", "model": {"router": "full", "n_layers": 2, "d_model": 32, "n_heads": 2, "ffn_dim": 64},
@@ -135,3 +146,33 @@ def test_the_run_is_tagged(mlflow_uri):
     run = MlflowClient(mlflow_uri).get_run(res.run_id)
     assert run.data.tags["stability"] == "spiky" and run.data.tags["stability_steps"] == "train/loss@31"
     assert run.data.metrics["stability/train_loss_spikes"] == 1
+
+
+class ValSpikeAt(Hook):
+    """Plants a validation spike: +1 nat on the evaluation at one step (runs before the monitor,
+    so the monitor sees the planted value, as it would a real one)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_start(self, t):
+        evaluate = t.evaluate
+
+        def planted(*a, **k):
+            out = evaluate(*a, **k)
+            return {**out, "val/loss": out["val/loss"] + 1.0} if t.step == self.step else out
+
+        t.evaluate = planted
+
+
+def test_a_val_spike_at_the_final_evaluation_is_caught():
+    from orchestrator.engine.trainer import Trainer
+
+    monitor = StabilityHook()
+    res = Trainer(tiny(steps=30, eval_interval=2), [ValSpikeAt(30), monitor]).run()
+    assert res.metrics["stability/val_loss_spikes"] == 1 and res.metrics["stability/train_loss_spikes"] == 0
+    assert monitor.end_tags(None) == {"stability": "spiky", "stability_steps": "val/loss@30"}
+    vals = [(h["step"], h["val/loss"]) for h in res.history if "val/loss" in h]
+    assert vals[-1][0] == 30 and res.final_val_loss == vals[-1][1]  # the planted value is the final one
+    z = naive_z(vals[-1][1], [v for _, v in vals[:-1]])
+    assert z >= Z_THRESHOLD and res.metrics[MAX_Z] == pytest.approx(z)
