@@ -75,17 +75,20 @@ def section(df: pd.DataFrame, sdf: pd.DataFrame, axis: str, analyses: list[Paire
              *table([axis, "seed", "status", "stability", "train loss spikes", "grad norm spikes", "val loss spikes",
                     "spikes at"], rows), ""]
     ids = set(bad["trial_id"])
-    rest = sdf[~sdf["trial_id"].isin(ids)]
-    before = verdict_map(analyses)
-    try:
-        after = verdict_map(decide(rest))
-    except (ConfigError, ValueError, KeyError) as e:
-        return lines + [f"Sensitivity: the verdicts could not be recomputed without these {len(ids)} trials ({e})."]
-    change = moved(before, after)
     metric = analyses[0].metric if analyses else None
     mine = sdf[sdf["trial_id"].isin(ids)]
     finite = pd.to_numeric(mine[metric], errors="coerce").map(math.isfinite) if metric in mine else False
     n_used = int((mine["status"].astype(str).eq(str(TrialStatus.FINISHED)) & finite).sum())
+    if n_used == 0:  # the tables hold none of them (diverged: no final metric): nothing to recompute
+        said = ("this trial is no sample of the tables (no finite final metric), so no verdict rests on it"
+                if len(ids) == 1 else f"none of these {len(ids)} trials is a sample of the tables (no finite final "
+                "metric), so no verdict rests on them")
+        return lines + [f"Sensitivity: {said}."]
+    try:
+        after = verdict_map(decide(sdf[~sdf["trial_id"].isin(ids)]))
+    except (ConfigError, ValueError, KeyError) as e:
+        return lines + [f"Sensitivity: the verdicts could not be recomputed without these {len(ids)} trials ({e})."]
+    change = moved(verdict_map(analyses), after)
     what = f"without these {len(ids)} trials ({n_used} of them samples of the tables)"
     if not change:
         return lines + [f"Sensitivity: {what}, no verdict moves."]

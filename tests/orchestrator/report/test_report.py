@@ -221,6 +221,11 @@ def test_bad_trials_and_duplicates_listed(router_sweep):
     kept = runs.frame.set_index("trial_id").loc["none_L3_s0"]
     assert kept["status"] == "finished" and kept["final/val_loss"] == pytest.approx(3.0)
     assert runs.parent_run_id == router_sweep["parent"]
+    # the diverged trial is unstable too; it is no sample, so no verdict can rest on it
+    unstable = md.split("## Unstable trials")[1].split("\n## ")[0]
+    assert "| first-4 | 3 | diverged |  |  |  |  |  |" in unstable
+    assert ("Sensitivity: this trial is no sample of the tables (no finite final metric), so no verdict "
+            "rests on it.") in unstable
 
 
 def test_params_are_cast(router_sweep):
