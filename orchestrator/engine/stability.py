@@ -10,19 +10,23 @@ and the value is a spike when z is at least ``Z_THRESHOLD``. Differences, not th
 spread: a loss still falling fast has a wide window but steady differences, and a spike judged
 against the window's spread would hide there. Medians, not means, so that one earlier spike moves
 neither the level nor the spread, and one-sided: a loss or gradient norm that drops is no
-failure. The floor keeps a flat stretch (MAD 0) from turning a 0.1% wiggle or the curvature of a
-falling loss into a spike. A value
-is checked once its series has ``MIN_POINTS`` earlier values.
+failure. The floor keeps a flat stretch (MAD 0) from turning a 1% wiggle or the curvature of a
+falling loss into a spike. A value is checked once its series has ``MIN_POINTS`` earlier values:
+a validation loss needs that many evaluations before the one checked (the default sweep's 4
+evaluations in 200 steps leave it unchecked: evaluate more often to watch it), and
+``stability/<series>_checked`` says how many values of each series were checked, so that "no
+spike" and "not watched" differ.
 
 The series watched are the trainer's own metrics: ``train/loss`` and ``train/grad_norm`` at every
 log point (each the mean over the ``log_interval`` steps since the last one) and ``val/loss`` at
 every evaluation, the final one included (the one the report reads: a flip at the last step is
 what moved a verdict in issue 34). The final metrics of a finished trial carry the counts
-(``stability/train_loss_spikes``, ``stability/grad_norm_spikes``, ``stability/val_loss_spikes``)
-and the largest z over all checked points (``stability/max_z``); its MLflow run gets the tags
-``stability`` (``spiky`` when any series spiked, else ``stable``) and ``stability_steps``
-(``train/loss@120,val/loss@200``: every spike's series and step). A trial whose loss goes
-non-finite is ``diverged`` by the trainer's own check, not here.
+(``stability/train_loss_spikes``, ``stability/grad_norm_spikes``, ``stability/val_loss_spikes``),
+the values checked (``stability/train_loss_checked``, ...) and the largest z over all checked
+points (``stability/max_z``); its MLflow run gets the tags ``stability`` (``spiky`` when any series
+spiked, else ``stable``) and ``stability_steps`` (``train/loss@120,val/loss@200``: each spike's
+series and step, the first ``MAX_LISTED``). A trial whose loss goes non-finite is ``diverged`` by
+the trainer's own check, not here.
 
 State across a resume: the monitor keeps nothing a checkpoint lacks. Its windows are rebuilt on
 ``on_start`` from the trial's metric history (which the checkpoint carries), so a resumed trial
@@ -39,7 +43,7 @@ from orchestrator.engine.trainer import Hook, Trainer
 
 WINDOW = 16  # trailing values a new one is judged against (log points, or evaluations for val/loss)
 MIN_POINTS = 8  # earlier values a series needs before its values are checked (past the first fast fall)
-Z_THRESHOLD = 6.0  # robust z at or above which a value is a spike (a normal series: ~1e-9 per point)
+Z_THRESHOLD = 6.0  # robust z at or above which a value is a spike (far beyond a normal series' noise)
 # the spread's floor, relative to the expected level: a change of 1% is z <= 1 however smooth the
 # series (a falling loss's curvature is no spike; the spikes of issue 34 were +25%)
 REL_FLOOR = 0.01
@@ -85,6 +89,7 @@ class SpikeDetector:
     recent: dict[str, deque] = field(default_factory=dict)
     spikes: list[Spike] = field(default_factory=list)
     max_z: float = math.nan
+    checked: dict[str, int] = field(default_factory=dict)  # values checked per series
 
     def observe(self, series: str, step: int, value) -> Spike | None:
         """Check one value against its series' window, then add it; the spike, if it is one."""
@@ -94,6 +99,7 @@ class SpikeDetector:
         spike = None
         if len(past) >= self.min_points:
             z = robust_z(float(value), list(past))
+            self.checked[series] = self.checked.get(series, 0) + 1
             if math.isfinite(z):
                 self.max_z = z if math.isnan(self.max_z) else max(self.max_z, z)
                 if z >= self.threshold:
@@ -104,6 +110,8 @@ class SpikeDetector:
 
     def counts(self) -> dict[str, float]:
         out = {name: float(sum(s.series == series for s in self.spikes)) for series, name in SERIES.items()}
+        out.update({name.replace("_spikes", "_checked"): float(self.checked.get(series, 0))
+                    for series, name in SERIES.items()})
         out[MAX_Z] = self.max_z
         return out
 

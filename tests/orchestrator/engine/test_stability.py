@@ -51,6 +51,7 @@ def test_a_planted_spike_is_caught_at_its_step_with_its_z():
     counts = det.counts()
     assert counts["stability/train_loss_spikes"] == 1 and counts["stability/val_loss_spikes"] == 0
     assert counts[MAX_Z] == pytest.approx(spikes[0].z)
+    assert counts["stability/train_loss_checked"] == 80 - MIN_POINTS and counts["stability/val_loss_checked"] == 0
     assert det.tags() == {"stability": "spiky", "stability_steps": "train/loss@500"}
 
 
@@ -171,6 +172,7 @@ def test_a_val_spike_at_the_final_evaluation_is_caught():
     monitor = StabilityHook()
     res = Trainer(tiny(steps=30, eval_interval=2), [ValSpikeAt(30), monitor]).run()
     assert res.metrics["stability/val_loss_spikes"] == 1 and res.metrics["stability/train_loss_spikes"] == 0
+    assert res.metrics["stability/val_loss_checked"] == 15 - MIN_POINTS  # evaluations at 2, 4, ..., 30
     assert monitor.end_tags(None) == {"stability": "spiky", "stability_steps": "val/loss@30"}
     vals = [(h["step"], h["val/loss"]) for h in res.history if "val/loss" in h]
     assert vals[-1][0] == 30 and res.final_val_loss == vals[-1][1]  # the planted value is the final one
