@@ -12,7 +12,9 @@ series, so its charts draw them as bars rather than as one dot at the last step.
 progress bar, the sweep's Ray reporting). ``AnalysisHook`` adds the representation analysis of
 the final model (``train.analyze``) to the final metrics. ``CostHook`` adds the trial's cost as
 two final numbers: ``final/step_time_ms`` (median of ``perf/step_time_ms`` over the run) and
-``final/train_mem_mb`` (max of ``perf/train_mem_mb``, the model's training memory).
+``final/train_mem_mb`` (max of ``perf/train_mem_mb``, the model's training memory). A hook with an
+``end_tags(t)`` method (``orchestrator.engine.stability.StabilityHook``) has its tags set on the
+run at the end; ``stability/*`` numbers are end-of-trial numbers like ``final/*``.
 """
 from __future__ import annotations
 
@@ -76,7 +78,7 @@ def _finite(values) -> list[float]:
     return [float(v) for v in values if isinstance(v, (int, float)) and v == v and abs(v) != float("inf")]
 
 
-SCALAR_PREFIXES = ("final/", "analysis/")  # end-of-trial numbers: logged at step 0
+SCALAR_PREFIXES = ("final/", "analysis/", "stability/")  # end-of-trial numbers: logged at step 0
 ERROR_WAIT_S = 60.0  # how long a failing trial waits for an absent tracking server
 PATH_PARAMS = ("train.checkpoint_dir",)  # differ per trial and say nothing about it: tags
 
@@ -143,8 +145,13 @@ class MLflowHook(Hook):
         self.logger.pause()  # the run stays RUNNING: the trial continues on resume
 
     def on_end(self, t: Trainer, status: TrialStatus) -> None:
-        # where the final checkpoint is, so that a run id finds its model (lime eval, lime export)
-        self.logger.set_tags({"checkpoint_dir": str(t.ckpt_dir)})
+        # where the final checkpoint is, so that a run id finds its model (lime eval, lime export);
+        # the other hooks' verdicts on the whole trial (StabilityHook: stability=spiky|stable)
+        tags = {"checkpoint_dir": str(t.ckpt_dir)}
+        for h in t.hooks:
+            if hasattr(h, "end_tags"):
+                tags.update(h.end_tags(t))
+        self.logger.set_tags(tags)
         with tempfile.TemporaryDirectory() as d:
             for path in write_artifacts(t, Path(d)):
                 self.logger.log_artifact(path)

@@ -17,6 +17,7 @@ from orchestrator.engine.hooks import AnalysisHook, CallbackHook, CostHook, MLfl
 from orchestrator.engine.memory import MemoryHook
 from orchestrator.engine.prune import RouterPruneHook
 from orchestrator.engine.schedule import lr_multiplier, peak_mem_mb, pick_device, seed_everything
+from orchestrator.engine.stability import StabilityHook
 from orchestrator.engine.trainer import Hook, Trainer, TrialResult, evaluate_loss
 from orchestrator.engine.trial_config import TrialConfig
 
@@ -42,8 +43,9 @@ def trial_hooks(cfg: TrialConfig, tracking: Tracking, on_log: Callable | None = 
     """The standard hooks of a trial, in the order they run: MLflow first, so a metric dict is
     stored before ``on_log`` reports it (and may raise); the memory metrics come with every log point,
     the cost summary (``CostHook``) with the final metrics; ``RouterPruneHook`` runs
-    ``model.router_prune``'s schedule (nothing without it)."""
-    hooks: list[Hook] = [RouterPruneHook(), MemoryHook(), CostHook()]
+    ``model.router_prune``'s schedule (nothing without it); ``StabilityHook`` counts loss and
+    gradient-norm spikes (``orchestrator.engine.stability``)."""
+    hooks: list[Hook] = [RouterPruneHook(), MemoryHook(), CostHook(), StabilityHook()]
     if tracking.enabled:
         hooks.append(MLflowHook(tracking.experiment, run_name=tracking.run_name,
                                 parent_run_id=tracking.parent_run_id, tags=tracking.tags, params=tracking.params))

@@ -1,5 +1,7 @@
 """Sweep reports: MLflow runs -> statistics -> ``results/<sweep>/report.md``, ``summary.csv``, PNGs.
 
+Beside ``summary.csv``, ``per_seed.csv`` holds every sample the verdicts use (``orchestrator.report.per_seed``).
+
 ``build_report(sweep)`` (and ``lime report SWEEP``) reads the sweep's runs from MLflow, one row per
 trial, compares the metric across the values of one axis with ``orchestrator.report.compare.across_seeds`` and writes:
 
@@ -15,6 +17,8 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
 - for a search sweep, its configurations against the best one, and the winner named
   (``orchestrator.report.search``);
 - for a sweep that mirrors a paper result, "paper vs this run" (``orchestrator.report.paper.fidelity``);
+- the unstable trials (spike-tagged by the engine's stability monitor, or diverged) and which
+  verdicts move without them (``orchestrator.report.unstable``: a sensitivity line, nothing dropped);
 - every trial that is not a sample (failed, diverged, killed, running, no final metric), and
   every duplicate MLflow run of a trial with the run that was kept;
 - for depth sweeps (``n_layers`` varies) the same tables per depth (``across_seeds.compare_by``) and the
@@ -63,7 +67,7 @@ from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
 from orchestrator.decide.verdict import check_margin_metrics
-from orchestrator.report import curves, evaluation, routing, scaling, search
+from orchestrator.report import curves, evaluation, per_seed, routing, scaling, search, unstable
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper.refs import reference_for
@@ -76,6 +80,7 @@ from orchestrator.report.settings import REPORT_DEFAULTS, Choice, ReportSettings
 
 __all__ = ["build_report", "library_versions", "ReportSettings", "SweepFile", "REPORT_DEFAULTS", "SweepRuns",
            "load_runs", "mean_router_map", "router_map_from_npz"]
+PER_SEED = "per_seed.csv"
 LIBRARIES = ("torch", "numpy", "scipy", "pandas", "statsmodels", "matplotlib", "mlflow", "ray")
 
 
@@ -95,7 +100,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                  axis: str | None = None, baseline: str | None = None, seed: int = 0,
                  log_to_mlflow: bool = True, settings: ReportSettings | None = None,
                  sweep_file: SweepFile | None = None) -> Path:
-    """Write ``<out>/<sweep>/report.md``, ``summary.csv`` and PNGs; returns the report.md path.
+    """Write ``<out>/<sweep>/report.md``, ``summary.csv``, ``per_seed.csv`` and PNGs; returns the report.md path.
 
     ``settings`` and ``sweep_file``: what the caller read from a sweep file. Without settings
     they come from the sweep's parent run (the defaults, with a note, when it has none), and so
@@ -115,22 +120,25 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     if choice.folded:  # a search: each configuration against the best one
         choice = dataclasses.replace(choice, baseline=search.best(df, choice.metric, mode), explicit_baseline=True)
     sdf, tuned, notes = _tuned(df, choice, mode)
-    comp, by_depth = _compare(sdf, choice, seed)
+    comp, by_depth, pa, depth_pairs, families = _decided(sdf, choice, mode, seed)
     blocks = _blocks(sdf, choice)
-    pa = by_seed.analyze(sdf, comp, blocks, mode, choice.margin)
-    depth_pairs = {d: (c, by_seed.analyze(_at_depth(sdf, d), c, blocks, mode, choice.margin,
-                                          scope=f"n_layers={cell_text(d)}")) for d, c in by_depth.items()}
-    pa, depth_pairs, families = _families(pa, depth_pairs, choice, mode, seed)
     labels = _cells(df, comp, choice)
+    tables_decided = [pa] + [p for _, p in depth_pairs.values()]
+    # the verdicts without the unstable trials: the same pipeline on the rest (a sensitivity line)
+    unstable_lines = unstable.section(df, sdf, choice.axis, tables_decided,
+                                      lambda rest: _decided_tables(rest, choice, mode, seed))
     waves = record.decide_waves(found.parent.data.params) if found.parent is not None else {}
 
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv",
-                out_dir / "pairs.csv", out_dir / "evaluation.csv"]:
+                out_dir / "pairs.csv", out_dir / "evaluation.csv", out_dir / PER_SEED]:
         old.unlink(missing_ok=True)
     rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned, families.sequential)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
+    seeds = per_seed.rows(tables_decided, blocks, seed)
+    if seeds:  # every sample the verdicts rest on (orchestrator.report.per_seed)
+        pd.DataFrame(seeds).to_csv(out_dir / PER_SEED, index=False, float_format="%.17g", lineterminator="\n")
     pairs = [p for a in [pa] + [x for _, x in depth_pairs.values()] for p in tables.pair_rows(a, choice.metric)]
     if pairs:
         pd.DataFrame(pairs).to_csv(out_dir / "pairs.csv", index=False, float_format="%.10g", lineterminator="\n")
@@ -148,7 +156,8 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                         scal.lines + evals + routing.section(df, labels, choice.metric, mode),
                         search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
                         families=families, margin=choice.margin, iso=scal.iso,
-                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [])
+                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [],
+                        unstable=unstable_lines)
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
@@ -197,6 +206,23 @@ def _compare(df: pd.DataFrame, choice: Choice, seed: int) -> tuple[Comparison, d
         by_depth = across_seeds.compare_by(df, metric=choice.metric, axis=choice.axis, by="n_layers", baseline=base,
                                     seed=seed, alpha=choice.alpha)
     return comp, by_depth
+
+
+def _decided(sdf: pd.DataFrame, choice: Choice, mode: str, seed: int):
+    """(comparison, per-depth comparisons, paired table, per-depth (comparison, paired table),
+    families) of some trials, every verdict decided: what the report's tables show."""
+    comp, by_depth = _compare(sdf, choice, seed)
+    blocks = _blocks(sdf, choice)
+    pa = by_seed.analyze(sdf, comp, blocks, mode, choice.margin)
+    depth_pairs = {d: (c, by_seed.analyze(_at_depth(sdf, d), c, blocks, mode, choice.margin,
+                                          scope=f"n_layers={cell_text(d)}")) for d, c in by_depth.items()}
+    pa, depth_pairs, families = _families(pa, depth_pairs, choice, mode, seed)
+    return comp, by_depth, pa, depth_pairs, families
+
+
+def _decided_tables(sdf: pd.DataFrame, choice: Choice, mode: str, seed: int) -> list[PairedAnalysis]:
+    _, _, pa, depth_pairs, _ = _decided(sdf, choice, mode, seed)
+    return [pa] + [p for _, p in depth_pairs.values()]
 
 
 def _varies(df: pd.DataFrame, col: str) -> bool:

@@ -54,12 +54,18 @@ class ReportData:
     sequential: list[str] = field(default_factory=list)  # the "Sequential seeds" section
     evidence: str = "screening"  # "screening" (one sweep) or "pooled" (``lime report --pool``)
     iso: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (metric, diff) at equal FLOPs
+    unstable: list[str] = field(default_factory=list)  # the "Unstable trials" section (orchestrator.report.unstable)
 
 
 def markdown(r: ReportData) -> str:
-    parts = (header, search_section, results, verdict_section, sequential_section, statistics, tuning_section,
-             paper_section, trials, results_by_depth, extra_sections, plots, analysis, compute, reproducibility)
+    parts = (header, search_section, results, verdict_section, unstable_section, sequential_section, statistics,
+             tuning_section, paper_section, trials, results_by_depth, extra_sections, plots, analysis, compute,
+             reproducibility)
     return "\n".join(line for part in parts for line in part(r)) + "\n"
+
+
+def unstable_section(r: ReportData) -> list[str]:
+    return r.unstable
 
 
 def search_section(r: ReportData) -> list[str]:

@@ -55,7 +55,8 @@ def test_phases_in_order_across_stop_and_resume(tmp_path):
     second = Recorder()
     res = run_trial(tiny(checkpoint_dir=ck), tracking=OFF, resume=ck, hooks=[second])
     assert res.status is TrialStatus.FINISHED and res.status == "finished" and res.run_id == "run-a"
-    final = ["final"] * 5 + ["val"] * 3  # val loss, its se and ppl; CostHook: step time, training memory
+    # val loss, its se and ppl; CostHook: step time, training memory; StabilityHook: 3 spike counts, 3 checked, max z
+    final = ["final"] * 5 + ["stability"] * 7 + ["val"] * 3
     assert second.events == [("start", 4, True, "run-a"), ("log", 6, train, False), ("log", 8, train, False),
                              ("log", 8, final, True), ("end", 8, TrialStatus.FINISHED)]
     # the cost summary covers the whole run: the 2 windows before the stop and the 2 after the resume

@@ -221,6 +221,11 @@ def test_bad_trials_and_duplicates_listed(router_sweep):
     kept = runs.frame.set_index("trial_id").loc["none_L3_s0"]
     assert kept["status"] == "finished" and kept["final/val_loss"] == pytest.approx(3.0)
     assert runs.parent_run_id == router_sweep["parent"]
+    # the diverged trial is unstable too; it is no sample, so no verdict can rest on it
+    unstable = md.split("## Unstable trials")[1].split("\n## ")[0]
+    assert "| first-4 | 3 | diverged |  |  |  |  |  |" in unstable
+    assert ("Sensitivity: this trial is no sample of the tables (no finite final metric), so no verdict "
+            "rests on it.") in unstable
 
 
 def test_params_are_cast(router_sweep):
@@ -259,7 +264,7 @@ def test_same_runs_same_bytes(router_sweep):
     a, b = router_sweep["first"], router_sweep["second"]
     names = sorted(p.name for p in a.iterdir())
     assert names == sorted(p.name for p in b.iterdir())
-    assert names == ["final_metric.png", "loss_curves.png", "pairs.csv", "report.html", "report.md",
+    assert names == ["final_metric.png", "loss_curves.png", "pairs.csv", "per_seed.csv", "report.html", "report.md",
                      "retrieval_L3.png", "router_full.png", "summary.csv"]  # retrieval: Figure 9's curves of full
     for n in names:
         assert (a / n).read_bytes() == (b / n).read_bytes(), n
