@@ -25,8 +25,7 @@ import pandas as pd
 from orchestrator.core.fmt import norm_value, same_value
 from orchestrator.core.keys import FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.decide.intervals import paired_interval
-from orchestrator.decide.verdict import verdict
+from orchestrator.decide import rule
 
 PRUNED = "final/pruned_weights"
 COUNTS = (("final/pruned_weights", "pruned weights", "{:.0f}"), ("final/router_weights", "of", "{:.0f}"),
@@ -65,10 +64,12 @@ def _twin(df: pd.DataFrame, row: pd.Series) -> pd.Series | None:
 def _paired(d: list[float], mode: str = "min") -> str:
     if len(d) < 2:
         return f"{np.mean(d):+.4g} (n={len(d)}: not tested)" if d else "-"
-    iv = paired_interval(np.array(d), LEVEL)
+    r = rule.decide(np.array(d), LEVEL, mode)
+    iv = r.interval
     lo, hi = ("-inf" if not math.isfinite(iv.low) else f"{iv.low:+.4g}"), (
         "inf" if not math.isfinite(iv.high) else f"{iv.high:+.4g}")
-    return f"{np.mean(d):+.4g} [{lo}, {hi}] {verdict(iv, mode).word}"
+    flag = f" ({r.flag})" if r.flag else ""
+    return f"{np.mean(d):+.4g}; median {np.median(d):+.4g} [{lo}, {hi}] {r.verdict.word}{flag}"
 
 
 def section(df: pd.DataFrame, labels: list[str], metric: str, mode: str) -> list[str]:
