@@ -54,7 +54,8 @@ def _family(name: str, ds: list[np.ndarray], alpha: float, sequential: bool) -> 
     for i, kept in zip(idx, keep):
         inside[i] = kept
     need = rule.needed_seeds(alpha / max(1, k))
-    return Family(name, k, alpha), inside, f"left out of the family (Tarone): needs {need} seeds at alpha {alpha:g}/{k}"
+    at = f"{alpha:g}" if k <= 1 else f"{alpha:g}/{k}"
+    return Family(name, k, alpha), inside, f"left out of the family (Tarone): needs {need} seeds at alpha {at}"
 
 
 def _ruled(d: np.ndarray, level: float, mode: str, m: float, sequential: bool, seed: int, seeds, inside: bool,
