@@ -43,7 +43,7 @@ def _label(ref: str, path: Path, taken: set[str]) -> str:
 def paired_lines(changes: dict[str, float], margin: float | None) -> list[str]:
     """The paired interval and verdict of the loss change (after - before) over the targets."""
     d = np.array(list(changes.values()), np.float64)
-    r = rule.decide(d, LEVEL, "min", margin)
+    r = rule.decide(d, LEVEL, "min", margin, seeds=list(changes))  # the flag names the models
     iv, mean, v = r.interval, r.mean, r.verdict
     return ["## Loss change over the models (paired: each model before and after)", "",
             f"{len(d)} models; change after - before, median {np.median(d):+.4f}, {LEVEL:.0%} interval "
