@@ -32,6 +32,7 @@ import math
 from functools import lru_cache
 
 import numpy as np
+from scipy import optimize
 from scipy import special as spc
 from scipy import stats as sps
 
@@ -105,3 +106,15 @@ def intervals_rows(d: np.ndarray, level: float, sequential: bool = False) -> tup
         return np.full(len(d), -np.inf), np.full(len(d), np.inf)
     s = np.sort(d, axis=1)
     return s[:, k - 1], s[:, n - k]
+
+
+def mde_dz(n: int, level: float, power: float = 0.8) -> float:
+    """The shift, in sd of normal differences, that the fixed sign interval at ``level`` excludes with
+    ``power`` on one side: P(Bin(n, Phi(dz)) >= n + 1 - k) = power (for normal differences the median
+    is the mean); inf when the interval cannot be finite at n."""
+    k = fixed_depth(n, level)
+    if k == 0:
+        return math.inf
+    need = n + 1 - k  # that many differences on one side of 0
+    p = float(optimize.brentq(lambda q: float(sps.binom.sf(need - 1, n, q)) - power, 0.5, 1 - 1e-15))
+    return float(sps.norm.ppf(p))

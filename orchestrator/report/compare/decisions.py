@@ -15,8 +15,8 @@ report:
   seeds it would need; a sequential design keeps every testable comparison (K = their count);
 - Holm-adjusted p-values (permutation and Wilcoxon, of the mean) over the same whole family, as
   supporting numbers;
-- the MDE of a fixed-n comparison: the mean difference the mean's interval would exclude with 80%
-  power at this n and level, given the observed sd (``orchestrator.report.stats.verdict_power``).
+- the MDE of a fixed-n comparison: the difference the verdict's sign interval would exclude with 80%
+  power at this n and level for normal differences of the observed sd (``signs.mde_dz``).
 """
 from __future__ import annotations
 
@@ -27,13 +27,12 @@ from itertools import combinations
 import numpy as np
 
 from orchestrator.core.fmt import order_key
-from orchestrator.decide import rule
+from orchestrator.decide import rule, signs
 from orchestrator.decide.families import BASELINE, PAIRS, Family
 from orchestrator.decide.verdict import Margin
 from orchestrator.report.compare.results import PairComparison, PairedAnalysis, PairedRow
 from orchestrator.report.stats.multiplicity import holm, holm_min_p
 from orchestrator.report.stats.paired import sign_flip_min_p, sign_flip_test
-from orchestrator.report.stats.verdict_power import verdict_mde_dz
 
 nan = math.nan
 
@@ -89,7 +88,7 @@ def baseline_family(tables: list[list[PairedRow]], alpha: float, mode: str, marg
         ruling, why = _ruled(ds[j], level, modes[t] if modes else mode, m, seq, seed, r.seeds, inside[j], note)
         mde = nan
         if r.n > 1 and not seq:
-            mde_dz = verdict_mde_dz(r.n, level)
+            mde_dz = signs.mde_dz(r.n, level)  # of the verdict's (sign) interval, normal differences
             mde = math.inf if not math.isfinite(mde_dz) else mde_dz * r.diff_sd
         mde_pct = (100.0 * mde / abs(r.base_mean) if math.isfinite(mde) and r.base_mean == r.base_mean and r.base_mean
                    else (math.inf if mde == math.inf else nan))

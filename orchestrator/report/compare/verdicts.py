@@ -90,7 +90,8 @@ def sentence(row: Any, baseline: Any, alpha: float, mode: str, m: int) -> str:
     mde = ("not reachable" if not math.isfinite(row.mde) else
            f"{num(row.mde, 3)} ({abs(row.mde_pct):.2f}% of the baseline)")
     return (f"- {name}: not decided against {base} at alpha {alpha:g} ({row.n} seeds): {change} holds 0"
-            f"{margin}. The smallest mean difference this design decides with 80% power is {mde}; {spread}.")
+            f"{margin}. The smallest difference this design decides with 80% power (normal differences) is "
+            f"{mde}; {spread}.")
 
 
 def pair_sentence(p: Any, alpha: float) -> str:

@@ -138,8 +138,8 @@ def _tables(self: PairedAnalysis) -> list[str]:
     return ([f"Paired effects (difference = variant - baseline per seed; interval: {method} of the {est} "
              "difference at the family's Bonferroni level, the one the verdict is read off; the mean's interval "
              "beside it does not decide; flag: an outlier (robust z > 4, seeds named) or strong skew; d_z = mean / sd "
-             "of the differences; MDE: the true mean difference the mean's interval excludes with 80% power at this n, "
-             "given "
+             "of the differences; MDE: the true difference the verdict's interval excludes with 80% power at this n, "
+             "for normal differences of "
              "the observed sd):", ""] + effects
             + ["", "Paired tests (two-sided, supporting numbers; Holm within each test over the report's baseline "
                "family; min p (Holm): the smallest adjusted p these seeds can reach):", ""] + tests)

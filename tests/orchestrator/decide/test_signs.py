@@ -107,3 +107,12 @@ def test_tarone_by_hand():
     assert rule.needed_seeds(0.05 / 7) == 9  # 2 / 2^9 = 0.0039 <= 0.0071
     fam = rule.decide(np.arange(8.0) - 20, 1 - 0.05 / 7, "min")
     assert fam.verdict.word == UNDECIDABLE
+
+
+@pytest.mark.parametrize("n,level", [(8, 0.95), (12, 0.975), (20, 1 - 0.05 / 3)])
+def test_the_mde_of_the_sign_interval_has_80_percent_power_in_simulation(n, level):
+    dz = signs.mde_dz(n, level)
+    d = np.random.default_rng(n).normal(size=(20000, n)) - dz
+    power = np.mean(signs.intervals_rows(d, level)[1] < 0)
+    assert abs(power - 0.8) < 3 * math.sqrt(0.16 / 20000)
+    assert signs.mde_dz(5, 0.95) == math.inf
