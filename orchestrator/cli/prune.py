@@ -8,7 +8,8 @@ any more and the sources each routed head keeps; logged on the trial's MLflow ru
 ``--no-log``: not at all) as ``prune/top_p_<p>/...`` at the trained step, with the markdown as an
 artifact. ``--save DIR`` writes the pruned model as a checkpoint (one target: DIR; several:
 DIR/<label>/). With two or more targets (the seeds of one variant) the loss change after - before
-gets the paired interval and verdict of the reports (``orchestrator.decide``: t ∪ sign-flip at 95%,
+gets the paired interval and verdict of the reports (``orchestrator.decide.rule``: the median's sign
+interval at 95%, the mean's beside it,
 ``--margin`` for equivalence). The markdown goes to ``--out`` (default
 ``$LIME_RESULTS/prune/top_p_<p>.md``).
 """

@@ -8,7 +8,7 @@ trained with ``model.router_prune``.
   the same router, seed and other factors (depth, width, ...) trained without pruning; per cell
   the paired differences pruned - twin of the report's metric (the loss cost) and of
   ``final/step_time_ms`` (the trial's median step time: the saving), each with the interval and
-  verdict of ``orchestrator.decide`` (t ∪ sign-flip) at 95%. These are single comparisons at their
+  verdict of ``orchestrator.decide.rule`` (the median's sign interval) at 95%. These are single comparisons at their
   own level; the report's all-pairs family (above) holds the same loss comparison with the
   family's correction.
 
@@ -92,7 +92,7 @@ def section(df: pd.DataFrame, labels: list[str], metric: str, mode: str) -> list
                 for k, _, fmt in COUNTS]
         lines.append(f"| {lab} | {len(part)} | " + " | ".join(vals) + " |")
     lines += ["", f"Each pruned trial against its twin (same router, seed and other factors, no pruning): the paired "
-              f"differences pruned - twin, mean [{LEVEL:.0%} interval, t ∪ sign-flip] and verdict of the pruned "
+              f"differences pruned - twin: mean; median [{LEVEL:.0%} sign interval] and verdict of the pruned "
               f"trials (single comparisons; the all-pairs family above corrects the loss comparison for "
               f"multiplicity). Step time: `{STEP}`, the median step of a trial; ratio = pruned / twin.", "",
               f"| cell | twin | n | {metric} change | step time change ms | step time ratio |",
