@@ -116,3 +116,14 @@ def test_the_mde_of_the_sign_interval_has_80_percent_power_in_simulation(n, leve
     power = np.mean(signs.intervals_rows(d, level)[1] < 0)
     assert abs(power - 0.8) < 3 * math.sqrt(0.16 / 20000)
     assert signs.mde_dz(5, 0.95) == math.inf
+
+
+@pytest.mark.parametrize("n,level,dz", [(8, 0.95, 1.5), (12, 0.975, 0.9), (30, 1 - 0.05 / 3, 0.6)])
+def test_the_planners_power_is_the_sign_intervals_power_in_simulation(n, level, dz):
+    from orchestrator.report.stats.verdict_power import verdict_power
+
+    d = np.random.default_rng(n).normal(size=(20000, n)) + dz
+    lo, hi = signs.intervals_rows(d, level)
+    sim = np.mean((lo > 0) | (hi < 0))
+    p = verdict_power(n, level, dz)
+    assert abs(sim - p) < 3 * math.sqrt(p * (1 - p) / 20000) + 1e-9
