@@ -8,7 +8,8 @@ any more and the sources each routed head keeps; logged on the trial's MLflow ru
 ``--no-log``: not at all) as ``prune/top_p_<p>/...`` at the trained step, with the markdown as an
 artifact. ``--save DIR`` writes the pruned model as a checkpoint (one target: DIR; several:
 DIR/<label>/). With two or more targets (the seeds of one variant) the loss change after - before
-gets the paired interval and verdict of the reports (``orchestrator.decide``: t ∪ sign-flip at 95%,
+gets the paired interval and verdict of the reports (``orchestrator.decide.rule``: the median's sign
+interval at 95%, the mean's beside it,
 ``--margin`` for equivalence). The markdown goes to ``--out`` (default
 ``$LIME_RESULTS/prune/top_p_<p>.md``).
 """
@@ -24,8 +25,7 @@ from lime_arch import ConfigError
 from orchestrator.cli.analyze import log_to_run
 from orchestrator.core.outputs import check_out_file, check_out_folder
 from orchestrator.core.tracking import client, existing_client, existing_run
-from orchestrator.decide.intervals import paired_interval
-from orchestrator.decide.verdict import verdict
+from orchestrator.decide import rule
 from orchestrator.engine.checkpoint import CKPT_NAME
 from orchestrator.evaluation.prune import markdown, metrics, open_prunable, prune_checkpoint, save_pruned
 from orchestrator.sweep.checkpoints import resolve_target
@@ -44,13 +44,15 @@ def _label(ref: str, path: Path, taken: set[str]) -> str:
 def paired_lines(changes: dict[str, float], margin: float | None) -> list[str]:
     """The paired interval and verdict of the loss change (after - before) over the targets."""
     d = np.array(list(changes.values()), np.float64)
-    iv = paired_interval(d, LEVEL)
-    v = verdict(iv, "min", margin)
+    r = rule.decide(d, LEVEL, "min", margin, seeds=list(changes))  # the flag names the models
+    iv, mean, v = r.interval, r.mean, r.verdict
     return ["## Loss change over the models (paired: each model before and after)", "",
-            f"{len(d)} models; change after - before, mean {d.mean():+.4f}; {LEVEL:.0%} interval "
-            f"[{iv.low:+.4f}, {iv.high:+.4f}] ({iv.method}); verdict of the pruned model against the "
+            f"{len(d)} models; change after - before, median {np.median(d):+.4f}, {LEVEL:.0%} interval "
+            f"[{iv.low:+.4f}, {iv.high:+.4f}] ({iv.method}); verdict (median) of the pruned model against the "
             f"unpruned: **{v.word}**" + (f" (margin +-{margin:g})" if margin else "") +
-            ". A verdict needs 6 or more models at 95% (the sign-flip interval is the whole line below).", ""]
+            (f" ({r.why})" if r.why else "") + f"; mean {d.mean():+.4f}, interval [{mean.low:+.4f}, "
+            f"{mean.high:+.4f}] ({mean.method})" + (f"; flag: {r.flag}" if r.flag else "") +
+            ". A verdict needs 6 or more models at 95% (the sign interval is the whole line below).", ""]
 
 
 def cmd_prune(args) -> int:

@@ -8,7 +8,11 @@ numbers:
   intervals    the fixed-n interval of a paired mean difference: the hull of Student's t interval and
                the interval that inverts the exact sign-flip test (``paired_interval``)
   sequential   the anytime-valid confidence sequence of the same mean (a scale-invariant Gaussian
-               mixture, Lai 1976), valid at every number of seeds at once
+               mixture, close to Wang & Ramdas 2023), valid at every number of seeds at once
+  signs        the sign interval and sign confidence sequence of the MEDIAN difference: exact for
+               any distribution (the verdicts' intervals since issue 33)
+  rule         the one verdict rule every verdict goes through: the median's interval decides, the
+               mean's is shown beside it with an outlier/skew flag; not tested; Tarone
   verdict      interval -> verdict (better / worse / equivalent within margin / not decided /
                cannot decide), the margin (absolute or % of the baseline) and the check that no
                verdict contradicts its interval

@@ -15,6 +15,9 @@ size. Holm-adjusted p-values over the same family stay in the report's tables as
 Both give the same first step (m p_(1) < alpha), so neither can decide anything the other cannot
 reach at its smallest p.
 
+Since issue 33 (``rule``) a comparison of zero variance is not tested and leaves its family, and in
+a fixed-seed report one whose seeds cannot reach alpha / K leaves it too (Tarone): ``size`` is K.
+
 ``FAMILY_NOTE`` is the sentence the report prints.
 """
 from __future__ import annotations
@@ -38,5 +41,7 @@ class Family:
         return 1.0 - self.alpha / max(1, self.size)
 
     def text(self) -> str:
+        if self.size == 0:  # every comparison untested or left out (Tarone)
+            return f"{self.name} family: no comparison that can reach alpha {self.alpha:g}"
         return (f"{self.name} family: {self.size} comparison(s), each interval at "
                 f"{100 * self.level:.4g}% (alpha {self.alpha:g} / {self.size})")

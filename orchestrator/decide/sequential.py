@@ -5,8 +5,14 @@ stopping when it excludes 0 inflates the error rate (at 5% per look, to about 20
 confidence sequence CS_1, CS_2, ... covers the true mean at every n at once:
 P(mu in CS_n for all n) >= 1 - a, so it may be looked at after every seed and stopped at any time.
 
-The sequence here is Lai's (1976) scale-invariant mixture for normal per-seed differences with
-unknown variance. For a candidate mean mu let y_i = d_i - mu. The likelihood ratio of the maximal
+The sequence here is a scale-invariant Gaussian mixture for normal per-seed differences with
+unknown variance: close to the t-test confidence sequences of Wang & Ramdas 2023 ("Anytime-valid
+t-tests and confidence sequences for Gaussian means with unknown variance", arXiv 2310.03722: a
+Gaussian prior on the standardised effect, the scale removed by invariance), not to Lai 1976's flat
+prior. Since issue 33 it is the MEAN's sequence printed beside the verdict; verdicts use the median's
+sign sequence (``signs``, ``rule``), which keeps its error under skew.
+
+For a candidate mean mu let y_i = d_i - mu. The likelihood ratio of the maximal
 invariant under scaling (y_1..y_n up to a common factor) between "(mean - mu) / sd = delta" with
 delta ~ N(0, g) and "mean = mu" is (integrating the scale with the invariant prior 1 / sigma)
 
@@ -35,7 +41,7 @@ import numpy as np
 from orchestrator.decide.intervals import Interval
 
 PRIOR_VAR = 1.0
-METHOD = "confidence sequence (Lai's t-mixture)"
+METHOD = "confidence sequence (t-mixture, Wang & Ramdas 2023)"
 
 
 def log_bf(d: np.ndarray, mu: float = 0.0, g: float = PRIOR_VAR) -> float:

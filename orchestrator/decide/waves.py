@@ -3,8 +3,9 @@ which variants get the next wave (``lime sweep run --until-decided``; the same c
 simulations of ``tests/orchestrator/decide/test_waves.py``).
 
 After every wave each variant's paired differences variant - baseline (on the seeds both finished)
-get their confidence sequence (``sequential``) at the baseline family's Bonferroni level
-1 - alpha / m, m the number of variants; the verdict is read off it (``verdict``). A decided
+get the verdict rule (``rule.decide``: the sign confidence sequence of the median difference, the
+mean's mixture sequence beside it) at the baseline family's Bonferroni level 1 - alpha / m, m the
+number of variants. A decided
 comparison (better, worse, equivalent within margin) gets no more seeds, and its sequence stops
 there; the undecided ones and the baseline get ``wave`` more seeds, until a variant has been
 launched with ``max_seeds`` seeds ("not decided at the cap"). Because every sequence covers at every
@@ -23,10 +24,10 @@ from typing import Any
 
 import numpy as np
 
+from orchestrator.decide import rule
 from orchestrator.decide.families import BASELINE, Family
 from orchestrator.decide.intervals import Interval
-from orchestrator.decide.sequential import confidence_sequence
-from orchestrator.decide.verdict import DECIDED, UNDECIDABLE, UNDECIDED, UNTESTED, Verdict, verdict
+from orchestrator.decide.verdict import DECIDED, UNDECIDABLE, UNDECIDED, UNTESTED, Verdict
 
 Values = dict[Hashable, dict[Any, float]]  # variant -> {seed: finished metric}
 
@@ -55,6 +56,8 @@ class Decision:
     interval: Interval
     verdict: Verdict
     launched: int  # seeds this variant was launched with
+    mean: Interval | None = None  # the mean's confidence sequence, shown beside the verdict's (median)
+    flag: str = ""  # outlier or strong skew (``rule.flag``)
 
     @property
     def decided(self) -> bool:
@@ -95,8 +98,8 @@ def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, i
             decisions.append(frozen[v])
             continue
         seeds, d = differences(values, v, design.baseline)
-        iv = confidence_sequence(d, level)
-        decisions.append(Decision(v, seeds, iv, verdict(iv, design.mode, design.margin), len(launched.get(v, ()))))
+        r = rule.decide(d, level, design.mode, design.margin, sequential=True, seeds=seeds)
+        decisions.append(Decision(v, seeds, r.interval, r.verdict, len(launched.get(v, ())), r.mean, r.flag))
     open_ = [d for d in decisions if not d.decided and d.launched < design.max_seeds]
     wave = Wave(index, decisions)
     if not open_:

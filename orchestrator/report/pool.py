@@ -22,9 +22,9 @@ import pandas as pd
 from lime_arch.errors import ConfigError
 from orchestrator.core import tracking
 from orchestrator.core.fmt import slug
-from orchestrator.decide.families import BASELINE, FAMILY_NOTE, PAIRS, Family
+from orchestrator.decide.families import FAMILY_NOTE
 from orchestrator.report.build import sweep_analyses, sweep_choice
-from orchestrator.report.compare.decisions import _pair_samples, decide_rows, pair_rows
+from orchestrator.report.compare.decisions import baseline_family, pairs_family
 from orchestrator.report.render import tables
 from orchestrator.report.render.comparisons import verdict_lines
 
@@ -48,14 +48,15 @@ def build_pool(names: list[str], out: str | Path = "results", seed: int = 0) -> 
                           "share one error rate")
     alpha = alphas.pop()
     paired = [(s, t) for s in sweeps for t in s.tables if t.paired]
-    base = Family(BASELINE, sum(1 for _, t in paired for r in t.rows if r.n >= 2), alpha)
-    pairs = Family(PAIRS, sum(1 for _, t in paired for x in _pair_samples(t) if len(x[2]) >= 2), alpha)
+    seqs = [s.choice.decide is not None for s, _ in paired]
+    kw = dict(modes=[s.mode for s, _ in paired], margins=[s.choice.margin for s, _ in paired], seqs=seqs, seed=seed)
+    decided, base = baseline_family([t.rows for _, t in paired], alpha, paired[0][0].mode if paired else "min", **kw)
+    paired = [(s, dataclasses.replace(t, rows=r)) for (s, t), r in zip(paired, decided)]
+    prs, pairs = pairs_family([t for _, t in paired], alpha, paired[0][0].mode if paired else "min", **kw)
     evidence = f"pooled: {', '.join(names)}"
     rows, pair_csv, body = [], [], []
-    for s, t in paired:
-        seq = s.choice.decide is not None
-        t = dataclasses.replace(t, rows=decide_rows(t.rows, base, s.mode, s.choice.margin, seq, seed=seed))
-        t = dataclasses.replace(t, pairs=pair_rows(t, pairs, s.mode, s.choice.margin, seq, seed=seed))
+    for (s, t), seq, pr in zip(paired, seqs, prs):
+        t = dataclasses.replace(t, pairs=pr)
         part = [{"sweep": s.name, "scope": t.scope, "metric": t.metric, "axis": t.axis, "variant": r.variant,
                  "baseline": False} for r in t.rows]
         tables.add_paired_columns(part, t, evidence, seq)

@@ -8,7 +8,7 @@ trained with ``model.router_prune``.
   the same router, seed and other factors (depth, width, ...) trained without pruning; per cell
   the paired differences pruned - twin of the report's metric (the loss cost) and of
   ``final/step_time_ms`` (the trial's median step time: the saving), each with the interval and
-  verdict of ``orchestrator.decide`` (t ∪ sign-flip) at 95%. These are single comparisons at their
+  verdict of ``orchestrator.decide.rule`` (the median's sign interval) at 95%. These are single comparisons at their
   own level; the report's all-pairs family (above) holds the same loss comparison with the
   family's correction.
 
@@ -25,8 +25,7 @@ import pandas as pd
 from orchestrator.core.fmt import norm_value, same_value
 from orchestrator.core.keys import FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.decide.intervals import paired_interval
-from orchestrator.decide.verdict import verdict
+from orchestrator.decide import rule
 
 PRUNED = "final/pruned_weights"
 COUNTS = (("final/pruned_weights", "pruned weights", "{:.0f}"), ("final/router_weights", "of", "{:.0f}"),
@@ -65,10 +64,12 @@ def _twin(df: pd.DataFrame, row: pd.Series) -> pd.Series | None:
 def _paired(d: list[float], mode: str = "min") -> str:
     if len(d) < 2:
         return f"{np.mean(d):+.4g} (n={len(d)}: not tested)" if d else "-"
-    iv = paired_interval(np.array(d), LEVEL)
+    r = rule.decide(np.array(d), LEVEL, mode)
+    iv = r.interval
     lo, hi = ("-inf" if not math.isfinite(iv.low) else f"{iv.low:+.4g}"), (
         "inf" if not math.isfinite(iv.high) else f"{iv.high:+.4g}")
-    return f"{np.mean(d):+.4g} [{lo}, {hi}] {verdict(iv, mode).word}"
+    flag = f" ({r.flag})" if r.flag else ""
+    return f"{np.mean(d):+.4g}; median {np.median(d):+.4g} [{lo}, {hi}] {r.verdict.word}{flag}"
 
 
 def section(df: pd.DataFrame, labels: list[str], metric: str, mode: str) -> list[str]:
@@ -91,7 +92,7 @@ def section(df: pd.DataFrame, labels: list[str], metric: str, mode: str) -> list
                 for k, _, fmt in COUNTS]
         lines.append(f"| {lab} | {len(part)} | " + " | ".join(vals) + " |")
     lines += ["", f"Each pruned trial against its twin (same router, seed and other factors, no pruning): the paired "
-              f"differences pruned - twin, mean [{LEVEL:.0%} interval, t ∪ sign-flip] and verdict of the pruned "
+              f"differences pruned - twin: mean; median [{LEVEL:.0%} sign interval] and verdict of the pruned "
               f"trials (single comparisons; the all-pairs family above corrects the loss comparison for "
               f"multiplicity). Step time: `{STEP}`, the median step of a trial; ratio = pruned / twin.", "",
               f"| cell | twin | n | {metric} change | step time change ms | step time ratio |",

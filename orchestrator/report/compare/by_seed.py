@@ -21,8 +21,8 @@ Mann-Whitney tests (still in the report) cannot.
   over the same family (``orchestrator.report.compare.decisions``).
 - Per-seed differences are rounded to 12 significant digits of the metric's scale (``snap``),
   so the float noise of a subtraction cannot create or break ties between differences.
-- The interval of the mean difference is ``orchestrator.decide.intervals.paired_interval`` (Student's
-  t and the exact sign-flip inversion, whose limits do not depend on the order of the differences).
+- The verdict's interval is the median difference's sign interval and the mean's (``paired_interval``,
+  Student's t and the exact sign-flip inversion) is shown beside it: ``orchestrator.decide.rule``.
 """
 from __future__ import annotations
 

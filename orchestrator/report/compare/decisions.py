@@ -1,19 +1,22 @@
 """The verdicts of a report: every comparison's interval at its family's level, and the verdict read
-off it (``orchestrator.decide``), for the comparisons with the baseline and for all pairs.
+off it (``orchestrator.decide.rule``), for the comparisons with the baseline and for all pairs.
 
-``decide_rows`` fills the interval, verdict, Holm p-values and minimal detectable effect of a list of
-``PairedRow`` that form one family (or part of one: ``family`` gives its size); ``pair_rows`` builds
-the all-pairs rows of one table from its paired samples; ``apply`` does both over every table of a
-report (the pooled one and each per-depth one), so each family is the whole report's:
+``baseline_family`` decides every variant-vs-baseline row of a list of tables (the pooled one and
+each per-depth one, or the tables of several sweeps) as ONE family; ``pairs_family`` the all-pairs
+rows likewise; ``decide_rows`` is one table as its own family; ``apply`` does both families over a
+report:
 
-- the interval: ``paired_interval`` (the hull of Student's t and the inverted sign-flip test) for a
-  fixed-seed sweep, the confidence sequence (``orchestrator.decide.sequential``) for one whose seeds
-  were added until decided (its stopping made any fixed-n interval invalid), at 1 - alpha / m;
-- the verdict: ``orchestrator.decide.verdict.verdict`` of that interval and the absolute margin (a %
-  margin is taken of the comparison's baseline mean on its seeds);
-- Holm-adjusted p-values (permutation and Wilcoxon) over the same family, as supporting numbers;
-- the MDE of a fixed-n comparison: the mean difference its interval would exclude with 80% power at
-  this n and level, given the observed sd (``orchestrator.report.stats.verdict_power``).
+- the verdict: ``rule.decide``: the median difference's sign interval (fixed seeds) or sign
+  confidence sequence (seeds added until decided), at 1 - alpha / K; the mean's interval (t ∪
+  sign-flip hull, or the mixture confidence sequence) beside it with the skew/outlier flag;
+- the family: zero-variance comparisons are "not tested" and leave it; in a fixed-seed design a
+  comparison whose seeds cannot reach alpha / K is left out too (Tarone, ``rule.tarone``: K is the
+  smallest count such that at most K comparisons can reach alpha / K) and its note says how many
+  seeds it would need; a sequential design keeps every testable comparison (K = their count);
+- Holm-adjusted p-values (permutation and Wilcoxon, of the mean) over the same whole family, as
+  supporting numbers;
+- the MDE of a fixed-n comparison: the difference the verdict's sign interval would exclude with 80%
+  power at this n and level for normal differences of the observed sd (``signs.mde_dz``).
 """
 from __future__ import annotations
 
@@ -24,20 +27,14 @@ from itertools import combinations
 import numpy as np
 
 from orchestrator.core.fmt import order_key
+from orchestrator.decide import rule, signs
 from orchestrator.decide.families import BASELINE, PAIRS, Family
-from orchestrator.decide.intervals import paired_interval
-from orchestrator.decide.sequential import confidence_sequence
-from orchestrator.decide.verdict import Margin, verdict
+from orchestrator.decide.verdict import Margin
 from orchestrator.report.compare.results import PairComparison, PairedAnalysis, PairedRow
 from orchestrator.report.stats.multiplicity import holm, holm_min_p
 from orchestrator.report.stats.paired import sign_flip_min_p, sign_flip_test
-from orchestrator.report.stats.verdict_power import verdict_mde_dz
 
 nan = math.nan
-
-
-def interval(d: np.ndarray, level: float, sequential: bool, seed: int):
-    return confidence_sequence(d, level) if sequential else paired_interval(d, level, seed)
 
 
 def _abs_margin(margin: Margin | None, base_mean: float) -> float:
@@ -45,31 +42,71 @@ def _abs_margin(margin: Margin | None, base_mean: float) -> float:
     return m if m is not None else nan
 
 
-def decide_rows(rows: list[PairedRow], family: Family, mode: str, margin: Margin | None = None,
-                sequential: bool = False, n_resamples: int = 9999, seed: int = 0) -> list[PairedRow]:
-    """The rows with their interval at the family's level, verdict, Holm p (over these rows) and MDE."""
-    test = [i for i, r in enumerate(rows) if r.n >= 2]
-    p_holm = dict(zip(test, holm([rows[i].p_perm for i in test])[0]))
-    w_holm = dict(zip(test, holm([rows[i].p_wilcoxon for i in test])[0]))
-    min_p = dict(zip(test, holm_min_p([sign_flip_min_p(rows[i].n, n_resamples) for i in test])))
+def _family(name: str, ds: list[np.ndarray], alpha: float, sequential: bool) -> tuple[Family, list[bool], str]:
+    """The family of these comparisons, which of them are in it, and the note of those left out."""
+    testable = [not rule.untested(d) for d in ds]
+    if sequential:
+        return Family(name, sum(testable), alpha), testable, ""
+    idx = [i for i, t in enumerate(testable) if t]
+    k, keep = rule.tarone([len(ds[i]) for i in idx], alpha)
+    inside = [False] * len(ds)
+    for i, kept in zip(idx, keep):
+        inside[i] = kept
+    need = rule.needed_seeds(alpha / max(1, k))
+    at = f"{alpha:g}" if k <= 1 else f"{alpha:g}/{k}"
+    return Family(name, k, alpha), inside, f"left out of the family (Tarone): needs {need} seeds at alpha {at}"
+
+
+def _ruled(d: np.ndarray, level: float, mode: str, m: float, sequential: bool, seed: int, seeds, inside: bool,
+           note: str) -> tuple[rule.Ruling, str]:
+    r = rule.decide(d, level, mode, m if math.isfinite(m) else None, sequential, seed, seeds)
+    if r.why:
+        return r, f"not tested: {r.why}"
+    return r, ("" if inside else note)
+
+
+def baseline_family(tables: list[list[PairedRow]], alpha: float, mode: str, margin: Margin | None = None,
+                    sequential: bool = False, n_resamples: int = 9999, seed: int = 0,
+                    modes: list[str] | None = None, margins: list | None = None,
+                    seqs: list[bool] | None = None) -> tuple[list[list[PairedRow]], Family]:
+    """Every table's rows decided as one family (see the module docstring). ``modes``, ``margins``,
+    ``seqs``: per table, when the tables come from different sweeps (a pooled report)."""
+    flat = [(t, i) for t, rows in enumerate(tables) for i in range(len(rows))]
+    ds = [np.asarray(tables[t][i].diffs, np.float64) for t, i in flat]
+    family, inside, note = _family(BASELINE, ds, alpha, sequential if seqs is None else all(seqs))
+    test = [j for j, ok in enumerate(inside) if ok]
+    p_holm = dict(zip(test, holm([tables[flat[j][0]][flat[j][1]].p_perm for j in test])[0]))
+    w_holm = dict(zip(test, holm([tables[flat[j][0]][flat[j][1]].p_wilcoxon for j in test])[0]))
+    min_p = dict(zip(test, holm_min_p([sign_flip_min_p(tables[flat[j][0]][flat[j][1]].n, n_resamples)
+                                       for j in test])))
     level = family.level
-    out = []
-    for i, r in enumerate(rows):
-        d = np.asarray(r.diffs, np.float64)
-        iv = interval(d, level, sequential, seed)
-        m = _abs_margin(margin, r.base_mean)
-        v = verdict(iv, mode, m if math.isfinite(m) else None)
+    out = [list(rows) for rows in tables]
+    for j, (t, i) in enumerate(flat):
+        r = tables[t][i]
+        seq = sequential if seqs is None else seqs[t]
+        m = _abs_margin(margin if margins is None else margins[t], r.base_mean)
+        ruling, why = _ruled(ds[j], level, modes[t] if modes else mode, m, seq, seed, r.seeds, inside[j], note)
         mde = nan
-        if r.n > 1 and not sequential:
-            mde_dz = verdict_mde_dz(r.n, level)
+        if r.n > 1 and not seq:
+            mde_dz = signs.mde_dz(r.n, level)  # of the verdict's (sign) interval, normal differences
             mde = math.inf if not math.isfinite(mde_dz) else mde_dz * r.diff_sd
         mde_pct = (100.0 * mde / abs(r.base_mean) if math.isfinite(mde) and r.base_mean == r.base_mean and r.base_mean
                    else (math.inf if mde == math.inf else nan))
-        out.append(dataclasses.replace(
-            r, ci_low=iv.low, ci_high=iv.high, confidence=level, verdict=v.word, within_margin=v.within_margin,
-            method=iv.method, family_size=family.size, margin=m, p_perm_holm=p_holm.get(i, nan),
-            p_wilcoxon_holm=w_holm.get(i, nan), min_p_holm=min_p.get(i, nan), mde=mde, mde_pct=mde_pct))
-    return out
+        iv, mean = ruling.interval, ruling.mean
+        out[t][i] = dataclasses.replace(
+            r, ci_low=iv.low, ci_high=iv.high, confidence=level, verdict=ruling.verdict.word,
+            within_margin=ruling.verdict.within_margin, method=iv.method, family_size=family.size, margin=m,
+            p_perm_holm=p_holm.get(j, nan), p_wilcoxon_holm=w_holm.get(j, nan), min_p_holm=min_p.get(j, nan),
+            mde=mde, mde_pct=mde_pct, estimand=ruling.estimand, mean_ci_low=mean.low, mean_ci_high=mean.high,
+            mean_method=mean.method, flag=ruling.flag, note=why)
+    return out, family
+
+
+def decide_rows(rows: list[PairedRow], family: Family, mode: str, margin: Margin | None = None,
+                sequential: bool = False, n_resamples: int = 9999, seed: int = 0) -> list[PairedRow]:
+    """One table's rows as their own family at ``family.alpha`` (its size is recomputed: untested and
+    Tarone-excluded rows leave it)."""
+    return baseline_family([rows], family.alpha, mode, margin, sequential, n_resamples, seed)[0][0]
 
 
 def _pair_samples(pa: PairedAnalysis) -> list[tuple]:
@@ -83,22 +120,37 @@ def _pair_samples(pa: PairedAnalysis) -> list[tuple]:
     return out
 
 
+def pairs_family(analyses: list[PairedAnalysis], alpha: float, mode: str, margin: Margin | None = None,
+                 sequential: bool = False, n_resamples: int = 9999, seed: int = 0,
+                 modes: list[str] | None = None, margins: list | None = None,
+                 seqs: list[bool] | None = None) -> tuple[list[list[PairComparison]], Family]:
+    """The all-pairs comparisons of every (paired) table, decided as one family."""
+    flat = [(t, s) for t, pa in enumerate(analyses) for s in _pair_samples(pa) if len(s[2]) >= 2]
+    ds = [s[3] for _, s in flat]
+    family, inside, note = _family(PAIRS, ds, alpha, sequential if seqs is None else all(seqs))
+    p = [sign_flip_test(d, n_resamples, seed)[0] for d in ds]
+    test = [j for j, ok in enumerate(inside) if ok]
+    adjusted = dict(zip(test, holm([p[j] for j in test])[0]))
+    out: list[list[PairComparison]] = [[] for _ in analyses]
+    for j, (t, (a, b, common, d)) in enumerate(flat):
+        pa = analyses[t]
+        base = {r.variant: r.base_mean for r in pa.rows}
+        m = _abs_margin(margin if margins is None else margins[t], base.get(b, nan))
+        seq = sequential if seqs is None else seqs[t]
+        ruling, why = _ruled(d, family.level, modes[t] if modes else mode, m, seq, seed, common, inside[j], note)
+        iv, mean = ruling.interval, ruling.mean
+        sd = float(np.std(d, ddof=1))
+        out[t].append(PairComparison(
+            pa.scope, a, b, len(d), float(d.mean()), sd, float(d.mean()) / sd if sd > 0 else nan, iv.low, iv.high,
+            family.level, iv.method, family.size, p[j], adjusted.get(j, nan), m, ruling.verdict.word,
+            ruling.verdict.within_margin, ruling.estimand, mean.low, mean.high, mean.method, ruling.flag, why))
+    return out, family
+
+
 def pair_rows(pa: PairedAnalysis, family: Family, mode: str, margin: Margin | None, sequential: bool,
               n_resamples: int = 9999, seed: int = 0) -> list[PairComparison]:
-    samples = [s for s in _pair_samples(pa) if len(s[2]) >= 2]
-    p = [sign_flip_test(d, n_resamples, seed)[0] for *_, d in samples]
-    adjusted = holm(p)[0]
-    base = {r.variant: r.base_mean for r in pa.rows}
-    out = []
-    for (a, b, _, d), pv, ph in zip(samples, p, adjusted):
-        iv = interval(d, family.level, sequential, seed)
-        m = _abs_margin(margin, base.get(b, nan))
-        v = verdict(iv, mode, m if math.isfinite(m) else None)
-        sd = float(np.std(d, ddof=1))
-        out.append(PairComparison(pa.scope, a, b, len(d), float(d.mean()), sd, float(d.mean()) / sd if sd > 0 else nan,
-                                  iv.low, iv.high, family.level, iv.method, family.size, pv, ph, m, v.word,
-                                  v.within_margin))
-    return out
+    """One table's all-pairs rows as their own family at ``family.alpha``."""
+    return pairs_family([pa], family.alpha, mode, margin, sequential, n_resamples, seed)[0][0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,13 +164,9 @@ def apply(analyses: list[PairedAnalysis], alpha: float, mode: str, margin: Margi
           sequential: bool = False, n_resamples: int = 9999, seed: int = 0) -> tuple[list[PairedAnalysis], Families]:
     """Every table's verdicts with the report's two families (see the module docstring)."""
     paired = [pa for pa in analyses if pa.paired]
-    base = Family(BASELINE, sum(1 for pa in paired for r in pa.rows if r.n >= 2), alpha)
-    pairs = Family(PAIRS, sum(1 for pa in paired for s in _pair_samples(pa) if len(s[2]) >= 2), alpha)
-    out = []
-    for pa in analyses:
-        if pa.paired:
-            rows = decide_rows(pa.rows, base, mode, margin, sequential, n_resamples, seed)
-            pa = dataclasses.replace(pa, rows=rows)
-            pa = dataclasses.replace(pa, pairs=pair_rows(pa, pairs, mode, margin, sequential, n_resamples, seed))
-        out.append(pa)
+    rows, base = baseline_family([pa.rows for pa in paired], alpha, mode, margin, sequential, n_resamples, seed)
+    paired = [dataclasses.replace(pa, rows=r) for pa, r in zip(paired, rows)]
+    prs, pairs = pairs_family(paired, alpha, mode, margin, sequential, n_resamples, seed)
+    done = iter(dataclasses.replace(pa, pairs=p) for pa, p in zip(paired, prs))
+    out = [next(done) if pa.paired else pa for pa in analyses]
     return out, Families(base, pairs, sequential)

@@ -120,6 +120,12 @@ class PairedRow:
     family_size: int = 0  # comparisons in its family (Bonferroni)
     margin: float = float("nan")  # the absolute equivalence margin (NaN: none)
     within_margin: bool = False  # a better/worse interval that also lies inside the margin
+    estimand: str = ""  # "median" (the verdict's interval, ``orchestrator.decide.rule``); "" before issue 33
+    mean_ci_low: float = float("nan")  # the mean's interval at the same level, shown beside the verdict
+    mean_ci_high: float = float("nan")
+    mean_method: str = ""
+    flag: str = ""  # outlier (robust z > 4, seeds named) or strong skew; "" for neither
+    note: str = ""  # why "not tested", or the seeds a comparison left out of its family would need
 
 
 @dataclass(frozen=True)
@@ -143,6 +149,12 @@ class PairComparison:
     margin: float
     verdict: str  # better / worse: a than b
     within_margin: bool
+    estimand: str = ""  # "median" (the verdict's interval, ``orchestrator.decide.rule``); "" before issue 33
+    mean_ci_low: float = float("nan")  # the mean's interval at the same level, shown beside the verdict
+    mean_ci_high: float = float("nan")
+    mean_method: str = ""
+    flag: str = ""  # outlier (robust z > 4, seeds named) or strong skew; "" for neither
+    note: str = ""  # why "not tested", or the seeds a comparison left out of its family would need
 
 
 @dataclass(frozen=True)

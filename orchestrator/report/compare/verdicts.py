@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from orchestrator.core.fmt import cell_text, num, pct
-from orchestrator.decide.intervals import min_seeds_finite
-from orchestrator.decide.sequential import min_seeds_finite as sequence_min_seeds
+from orchestrator.decide.signs import min_seeds
 from orchestrator.decide.verdict import (  # noqa: F401 - the report's vocabulary
     BASELINE,
     BETTER,
@@ -41,11 +42,22 @@ from orchestrator.decide.verdict import (  # noqa: F401 - the report's vocabular
 def min_seeds_to_decide(m: int, alpha: float, sequential: bool = False) -> int:
     """The fewest seeds per arm at which a family of m comparisons can give a finite interval."""
     level = 1.0 - alpha / max(1, m)
-    return sequence_min_seeds(level) if sequential else min_seeds_finite(level)
+    return min_seeds(level, sequential)
 
 
 def interval_text(row: Any) -> str:
-    return f"{row.confidence * 100:.4g}% interval [{num(row.ci_low, 4)}, {num(row.ci_high, 4)}]"
+    """The verdict's interval naming its estimand; a median verdict (``orchestrator.decide.rule``)
+    with the mean's interval and the skew/outlier flag beside it."""
+    est = getattr(row, "estimand", "") or "mean"
+    out = f"{row.confidence * 100:.4g}% interval of the {est} [{num(row.ci_low, 4)}, {num(row.ci_high, 4)}]"
+    if est == "median":
+        diffs = getattr(row, "diffs", ())
+        med = f"median {num(float(np.median(diffs)), 4)}, " if len(diffs) else ""
+        out = (f"{med}{out}; interval of the mean [{num(row.mean_ci_low, 4)}, {num(row.mean_ci_high, 4)}] "
+               f"({row.mean_method}, not deciding)")
+        if row.flag:
+            out += f"; FLAG {row.flag}: mean and median may differ"
+    return out
 
 
 def sentence(row: Any, baseline: Any, alpha: float, mode: str, m: int) -> str:
@@ -54,9 +66,12 @@ def sentence(row: Any, baseline: Any, alpha: float, mode: str, m: int) -> str:
     change = (f"{pct(row.diff_pct)} (mean per-seed difference {num(row.diff_mean, 4)}, {interval_text(row)})")
     spread = f"sd of the per-seed differences {num(row.diff_sd, 3)}"
     margin = "" if not math.isfinite(row.margin) else f" (margin +-{num(row.margin, 3)})"
-    sequential = row.method.startswith("confidence sequence")
+    sequential = "confidence sequence" in row.method
+    note = getattr(row, "note", "")
     if row.verdict == UNTESTED:
-        return f"- {name}: not tested (fewer than 2 seeds shared with the baseline)."
+        return f"- {name}: {note or 'not tested (fewer than 2 seeds shared with the baseline)'}."
+    if row.verdict == UNDECIDABLE and note:
+        return f"- {name}: cannot decide: {note}. Observed: {change}; {spread}."
     if row.verdict == UNDECIDABLE:
         return (f"- {name}: cannot decide: with {row.n} seeds and {m} comparison(s) in the family no interval at "
                 f"{row.confidence * 100:.4g}% can exclude anything; it takes at least "
@@ -75,14 +90,16 @@ def sentence(row: Any, baseline: Any, alpha: float, mode: str, m: int) -> str:
     mde = ("not reachable" if not math.isfinite(row.mde) else
            f"{num(row.mde, 3)} ({abs(row.mde_pct):.2f}% of the baseline)")
     return (f"- {name}: not decided against {base} at alpha {alpha:g} ({row.n} seeds): {change} holds 0"
-            f"{margin}. The smallest mean difference this design decides with 80% power is {mde}; {spread}.")
+            f"{margin}. The smallest difference this design decides with 80% power (normal differences) is "
+            f"{mde}; {spread}.")
 
 
 def pair_sentence(p: Any, alpha: float) -> str:
     """One all-pairs comparison (a - b per seed) in words."""
     head = f"- **{cell_text(p.a)}** vs **{cell_text(p.b)}**" + ("" if p.scope == "all" else f" ({p.scope})")
-    iv = f"mean per-seed difference {num(p.diff_mean, 4)}, {p.confidence * 100:.4g}% interval " \
-         f"[{num(p.ci_low, 4)}, {num(p.ci_high, 4)}], {p.n} seeds"
+    iv = f"mean per-seed difference {num(p.diff_mean, 4)}, {interval_text(p)}, {p.n} seeds"
+    if getattr(p, "note", ""):
+        iv += f"; {p.note}"
     if p.verdict in (BETTER, WORSE):
         return f"{head}: {cell_text(p.a)} is {p.verdict} ({iv}, permutation p = {num(p.p_perm, 3)})."
     if p.verdict == EQUIVALENT:

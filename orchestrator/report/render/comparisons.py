@@ -121,11 +121,13 @@ def _friedman_line(self: PairedAnalysis) -> str:
 
 def _tables(self: PairedAnalysis) -> list[str]:
     level = f"{self.rows[0].confidence * 100:.4g}%"
-    effects = table(["variant", "seeds", "baseline mean", "mean diff", "change", f"{level} interval (diff)",
-                     "sd (diff)", "d_z", "MDE (80% power)"],
+    est = self.rows[0].estimand or "mean"
+    effects = table(["variant", "seeds", "baseline mean", "mean diff", "change", f"{level} interval ({est} diff)",
+                     f"{level} interval (mean diff)", "flag", "sd (diff)", "d_z", "MDE (80% power)"],
                     [[cell(r.variant), str(r.n), _f(r.base_mean), _f(r.diff_mean), pct(r.diff_pct, "nan"),
-                      f"[{_f(r.ci_low)}, {_f(r.ci_high)}]", _f(r.diff_sd), _f(r.d_z),
-                      _mde(r)] for r in self.rows])
+                      f"[{_f(r.ci_low)}, {_f(r.ci_high)}]",
+                      f"[{_f(r.mean_ci_low)}, {_f(r.mean_ci_high)}]" if r.estimand else "-", cell(r.flag or "-"),
+                      _f(r.diff_sd), _f(r.d_z), _mde(r)] for r in self.rows])
     tests = table(["variant", "permutation p", "p (Holm)", "test", "W+", "Wilcoxon p", "p (Holm)", "test",
                    "min p (Holm)", "verdict"],
                   [[cell(r.variant), _f(r.p_perm), _f(r.p_perm_holm), r.perm_method, _f(r.w_plus),
@@ -133,9 +135,11 @@ def _tables(self: PairedAnalysis) -> list[str]:
                     cell(r.wilcoxon_method + (f", {r.zeros} zero(s) dropped" if r.zeros else "")),
                     _f(r.min_p_holm), r.verdict] for r in self.rows])
     method = self.rows[0].method
-    return ([f"Paired effects (difference = variant - baseline per seed; interval: {method} of the mean "
-             "difference at the family's Bonferroni level, the one the verdict is read off; d_z = mean / sd of the "
-             "differences; MDE: the true mean difference that interval excludes with 80% power at this n, given "
+    return ([f"Paired effects (difference = variant - baseline per seed; interval: {method} of the {est} "
+             "difference at the family's Bonferroni level, the one the verdict is read off; the mean's interval "
+             "beside it does not decide; flag: an outlier (robust z > 4, seeds named) or strong skew; d_z = mean / sd "
+             "of the differences; MDE: the true difference the verdict's interval excludes with 80% power at this n, "
+             "for normal differences of "
              "the observed sd):", ""] + effects
             + ["", "Paired tests (two-sided, supporting numbers; Holm within each test over the report's baseline "
                "family; min p (Holm): the smallest adjusted p these seeds can reach):", ""] + tests)

@@ -10,6 +10,7 @@ import pandas as pd
 
 from orchestrator.core.fmt import cell_text, norm_value, num, order_key, same_value
 from orchestrator.core.status import TrialStatus
+from orchestrator.decide import signs
 from orchestrator.decide.families import FAMILY_NOTE
 from orchestrator.decide.intervals import HULL
 from orchestrator.decide.sequential import METHOD as CS
@@ -146,9 +147,11 @@ def decision_rules(r: ReportData) -> list[str]:
     fam = r.families
     if fam is None or not r.paired.paired:
         return []
-    kind = (f"the anytime-valid {CS} (the seeds were added in waves until decided, so a fixed-n interval would "
-            "not hold)" if fam.sequential else "the hull of Student's t interval and the inverted exact sign-flip "
-            f"test ({HULL}: it excludes 0 only when both tests reject)")
+    kind = (f"the anytime-valid {signs.SEQUENTIAL} (the seeds were added in waves until decided, so a fixed-n "
+            "interval would not hold)" if fam.sequential else f"the exact {signs.FIXED} interval (order statistics, "
+            "the inverted sign test)")
+    mean = (f"the anytime-valid {CS}" if fam.sequential else
+            f"the hull of Student's t interval and the inverted exact sign-flip test ({HULL})")
     margin = (f"Equivalence margin: +-{r.margin.text()}" + (" of the baseline's mean" if r.margin.relative else "")
               + " (`report.margin`); a verdict \"equivalent within margin\" is an interval inside it."
               if r.margin is not None else "No equivalence margin (`report.margin`) is set, so no verdict says two "
@@ -157,7 +160,14 @@ def decision_rules(r: ReportData) -> list[str]:
                 "pool pre-registered comparisons of several sweeps with one correction (`lime report --pool`)."
                 if r.evidence == "screening" else "Pooled: the comparisons of the sweeps named in the header, one "
                 "family over all of them.")
-    return [f"- Each verdict is read off its printed interval of the mean per-seed difference: {kind}.",
+    return [f"- Each verdict is read off its printed interval of the MEDIAN per-seed difference: {kind}; it holds "
+            "for any distribution of the differences, skewed or with an outlying seed (docs/STATISTICS.md).",
+            f"- Beside it, the interval of the mean difference ({mean}) does not decide; a flag marks a comparison "
+            "whose differences hold an outlier (robust z > 4, seeds named) or strong skew (|G1| > 2 se), where "
+            "mean and median can disagree.",
+            "- Not tested: differences of zero variance (out of the family). A fixed-seed comparison whose seeds "
+            "cannot reach its family's level is left out of the family (Tarone) and says the seeds it needs; "
+            "Holm p-values are over each whole family.",
             f"- Families ({FAMILY_NOTE}): {fam.baseline.text()}"
             + (f"; {fam.pairs.text()}" if fam.pairs.size else "") + ".",
             f"- {margin}", f"- {evidence}"]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.fmt import cell_text, num, table
-from orchestrator.decide.sequential import confidence_sequence
+from orchestrator.decide import rule
 from orchestrator.report.compare.results import PairedAnalysis
 from orchestrator.report.planner import fixed_design
 
@@ -40,7 +40,7 @@ def lines(pa: PairedAnalysis, waves: dict[int, str], decide: Any, ref: Any, mode
         d = np.asarray(r.diffs, np.float64)
         seq = []
         for n in _looks(r, waves):
-            iv = confidence_sequence(d[:n], level)
+            iv = rule.decide(d[:n], level, "min", sequential=True).interval
             seq.append(f"{n}: [{num(iv.low, 3)}, {num(iv.high, 3)}]" if iv.finite else f"{n}: (-inf, inf)")
         body.append([cell_text(r.variant), str(r.n), r.verdict, "; ".join(seq)])
     design = (f"waves of {decide.wave} seed(s), at most {decide.max_seeds} per arm" if decide is not None else "waves")

@@ -180,11 +180,13 @@ def compute_table(df: pd.DataFrame, labels: list[str]) -> list[str]:
 
 
 # diff_ci_low/high: the verdict's interval at ci_level (before issue 25 a 95% percentile bootstrap);
-# p_perm_holm, p_wilcoxon_holm, min_p_holm: Holm over the report's whole baseline family
+# p_perm_holm, p_wilcoxon_holm, min_p_holm: Holm over the report's whole baseline family (per family since
+# issue 33); estimand: "median" since issue 33 (the verdict's interval), the mean's beside it in mean_ci_*
 PAIRED_COLUMNS = ("verdict", "design", "n_pairs", "diff_mean", "diff_pct", "diff_sd", "d_z", "diff_ci_low",
                   "diff_ci_high", "p_perm", "p_perm_holm", "p_wilcoxon", "p_wilcoxon_holm", "min_p_holm", "mde",
                   "mde_pct", "alpha", "better", "ci_level", "ci_method", "family", "family_size", "margin",
-                  "within_margin", "seeds_design", "evidence")
+                  "within_margin", "seeds_design", "evidence", "estimand", "mean_ci_low", "mean_ci_high",
+                  "mean_ci_method", "flag", "note")
 
 
 def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis, evidence: str = "screening (one sweep)",
@@ -204,7 +206,9 @@ def add_paired_columns(rows: list[dict[str, Any]], pa: PairedAnalysis, evidence:
                         p_perm=r.p_perm, p_perm_holm=r.p_perm_holm, p_wilcoxon=r.p_wilcoxon,
                         p_wilcoxon_holm=r.p_wilcoxon_holm, min_p_holm=r.min_p_holm, mde=r.mde, mde_pct=r.mde_pct,
                         ci_level=r.confidence, ci_method=r.method, family="baseline", family_size=r.family_size,
-                        margin=r.margin, within_margin=r.within_margin)
+                        margin=r.margin, within_margin=r.within_margin, estimand=r.estimand,
+                        mean_ci_low=r.mean_ci_low, mean_ci_high=r.mean_ci_high, mean_ci_method=r.mean_method,
+                        flag=r.flag, note=r.note)
         elif not pa.paired and not row["baseline"]:
             vals["verdict"] = "no verdict (unpaired design)"
         row.update(vals)
@@ -216,5 +220,7 @@ def pair_rows(pa: PairedAnalysis, metric: str, evidence: str = "screening (one s
              "verdict": p.verdict, "n_pairs": p.n, "diff_mean": p.diff_mean, "diff_sd": p.diff_sd, "d_z": p.d_z,
              "diff_ci_low": p.ci_low, "diff_ci_high": p.ci_high, "ci_level": p.confidence, "ci_method": p.method,
              "family": "all-pairs", "family_size": p.family_size, "p_perm": p.p_perm, "p_perm_holm": p.p_perm_holm,
-             "margin": p.margin, "within_margin": p.within_margin, "alpha": pa.alpha,
+             "margin": p.margin, "within_margin": p.within_margin, "alpha": pa.alpha, "estimand": p.estimand,
+             "mean_ci_low": p.mean_ci_low, "mean_ci_high": p.mean_ci_high, "mean_ci_method": p.mean_method,
+             "flag": p.flag, "note": p.note,
              "better": "lower" if pa.mode == "min" else "higher", "evidence": evidence} for p in pa.pairs]

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.core.fmt import num
-from orchestrator.decide.intervals import paired_interval
+from orchestrator.decide import rule
 from orchestrator.report.scaling.fits import quantiles
 from orchestrator.report.scaling.rungs import Line, Rung
 
@@ -71,7 +71,7 @@ def _paired(var: Rung, base: Rung, samples: list[dict]) -> tuple[float, tuple[fl
         return math.nan, (math.nan, math.nan), 0, [math.nan] * len(samples)
     d = np.array([var.values[s] - base.values[s] for s in shared], np.float64)
     diff = float(d.mean())
-    iv = paired_interval(d, 0.95)
+    iv = rule.decide(d, 0.95, "min").interval  # the verdict rule's interval (median), as every report's
     boot = []
     for draw in samples:
         seeds = [s for s in draw.get(var.key, []) if s in shared]

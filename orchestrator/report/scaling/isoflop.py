@@ -8,8 +8,8 @@ between the two evaluations that bracket it, seed by seed. The budget is the bas
 final FLOPs at the same rung (model size and training length) and other factors.
 
 A variant whose run ends before the budget (cheaper per step) would need an extrapolation; its
-cell says how far it got instead. Differences are paired by seed, with a bootstrap 95% interval
-(seeds resampled, the report's seeded draws).
+cell says how far it got instead. Differences are paired by seed; the interval is the verdict
+rule's 95% interval of the median change (``orchestrator.decide.rule``: the sign interval).
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.fmt import num, pct, sci, table
-from orchestrator.report.scaling.fits import quantiles
+from orchestrator.decide import rule
 from orchestrator.report.scaling.rungs import Line, Rung
 
 __all__ = ["CURVE", "IsoRow", "at_budget", "iso_rows", "section"]
@@ -93,12 +93,10 @@ def _row(label: str, ln: Line, vr: Rung, br: Rung, histories: History, samples: 
     row.base_mean = float(np.mean(list(base_vals.values()))) if base_vals else math.nan
     shared = [s for s in row.values if s in base_vals]
     if shared and not ln.is_baseline:
-        row.diff = float(np.mean([row.values[s] - base_vals[s] for s in shared]))
-        boot = []
-        for draw in samples:
-            seeds = [s for s in draw.get(br.key, []) if s in shared]
-            boot.append(float(np.mean([row.values[s] - base_vals[s] for s in seeds])) if seeds else math.nan)
-        row.ci = quantiles(boot)
+        d = np.array([row.values[s] - base_vals[s] for s in shared], np.float64)
+        row.diff = float(d.mean())
+        iv = rule.decide(d, 0.95, "min").interval  # the verdict rule's (median), not a percentile bootstrap
+        row.ci = (iv.low, iv.high)
     return row
 
 
@@ -161,5 +159,6 @@ def section(rows: list[IsoRow], metric: str) -> list[str]:
              "(step x 3 x forward FLOPs/token x tokens/step; the right column of the loss-curve plot), linearly "
              "in log-FLOPs between the evaluations that bracket the budget. A variant that costs more per step "
              "is compared here before its last step, at equal compute; one whose runs end before the budget is "
-             "not extrapolated. Changes are paired by seed, with a bootstrap 95% CI.", ""]
+             "not extrapolated. Changes are paired by seed: the mean change, with the 95% sign interval of the "
+             "median change (the verdict rule's).", ""]
             + table(head, body) + note)

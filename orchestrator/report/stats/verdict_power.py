@@ -1,19 +1,19 @@
 """Power of the report's verdict rule, by seeded simulation; torch-free, numbers only.
 
-A comparison is decided when its interval at the family's level excludes 0
-(``orchestrator.decide.intervals.paired_interval``: both Student's t test and the exact sign-flip
-test reject at 1 - level). With Bonferroni each comparison's power depends only on its own n, level
+A comparison is decided when its interval at the family's level excludes 0 (since issue 33 the
+median's sign interval, ``orchestrator.decide.rule``; before, the mean's t ∪ sign-flip hull). With
+Bonferroni each comparison's power depends only on its own n, level
 and standardised effect d_z = mean / sd of the per-seed differences, so no other comparison enters.
 
-- ``verdict_power(n, level, dz)``: P(decided) for N(d_z, 1) differences. Up to ``EXACT_N`` seeds the
-  real interval of ``SIMS`` seeded samples (common random numbers across d_z, so the power rises
-  monotonically with it); above, the t test's power from the noncentral t (the sign-flip interval
-  matches the t interval closely there: ``tests/orchestrator/decide/test_coverage.py``).
+- ``verdict_power(n, level, dz)``: P(decided) for N(d_z, 1) differences, exact: the sign interval
+  [d_(k), d_(n+1-k)] excludes 0 when n + 1 - k differences fall on one side, each with probability
+  Phi(d_z) (``signs.fixed_depth``).
 - ``verdict_mde_dz(n, level)``: the d_z found with 80% power (two decimals), inf when n seeds cannot
   give a finite interval at that level.
 - ``verdict_seeds(level, dz)``: the fewest seeds per arm with that power (None above ``MAX_SEEDS``).
 - ``sequential_seeds(level, dz, first, wave, max_seeds)``: the mean seeds the sequential design uses
-  (``orchestrator.decide.sequential``) until its sequence excludes 0, and its power, by simulation.
+  (the median's sign confidence sequence, ``orchestrator.decide.signs``) until it excludes 0, and
+  its power, by simulation.
 """
 from __future__ import annotations
 
@@ -23,30 +23,25 @@ from functools import lru_cache
 import numpy as np
 from scipy import stats as sps
 
-from orchestrator.decide.intervals import min_seeds_finite, paired_intervals
-from orchestrator.decide.sequential import log_bf_rows
+from orchestrator.decide import signs
 
-EXACT_N = 12
 SIMS = 2000
 MAX_SEEDS = 200
 TARGET = 0.8
 
 
-@lru_cache(maxsize=64)
-def _noise(n: int, sims: int, seed: int) -> np.ndarray:
-    return np.random.default_rng([seed, n]).normal(size=(sims, n))
+def min_seeds_finite(level: float) -> int:
+    return signs.min_seeds(level)
 
 
 def verdict_power(n: int, level: float, dz: float, sims: int = SIMS, seed: int = 0) -> float:
-    """P(the interval at ``level`` excludes 0) for n differences N(dz, 1)."""
-    if n < min_seeds_finite(level):
+    """P(the sign interval at ``level`` excludes 0) for n differences N(dz, 1), exact (``sims`` and
+    ``seed`` are kept for the callers; nothing is simulated)."""
+    k = signs.fixed_depth(n, level)
+    if k == 0:
         return 0.0
-    if n > EXACT_N:
-        df, nc = n - 1, dz * math.sqrt(n)
-        q = sps.t.ppf(0.5 + level / 2, df)
-        return float(sps.nct.sf(q, df, nc) + sps.nct.cdf(-q, df, nc))
-    lo, hi = paired_intervals(_noise(n, sims, seed) + dz, level)
-    return float(np.mean((lo > 0) | (hi < 0)))
+    need, p = n + 1 - k, float(sps.norm.cdf(dz))
+    return float(sps.binom.sf(need - 1, n, p) + sps.binom.sf(need - 1, n, 1 - p))
 
 
 @lru_cache(maxsize=1024)
@@ -96,7 +91,8 @@ def sequential_seeds(level: float, dz: float, first: int, wave: int, max_seeds: 
     hit = np.zeros(sims, bool)
     looks = list(range(first, max_seeds, wave)) + [max_seeds]
     for n in looks:
-        now = ~hit & (log_bf_rows(d[:, :n]) >= math.log(1 / (1 - level)))
+        lo, hi = signs.intervals_rows(d[:, :n], level, sequential=True)
+        now = ~hit & ((lo > 0) | (hi < 0))
         used[now] = n
         hit |= now
     return float(used.mean()), float(hit.mean())

@@ -1,7 +1,8 @@
 """A real small sweep run until decided (``lime sweep run --until-decided``, local Ray, the CLI in a
 subprocess): a clear comparison (lr 3e-3 against a baseline at 1e-5 that barely trains in 20 steps)
-cannot be decided at 4 seeds (the confidence sequence is the whole line), gets one wave of 2 seeds
-from Ray Tune, is decided "better" at 6, and the sweep stops there, far below its cap of 12 seeds;
+cannot be decided at 4 or 6 seeds (the median's sign confidence sequence at 95% is the whole line below
+7), gets two waves of 2 seeds from Ray Tune, is decided "better" at 8 (all 8 signs agree), and the sweep
+stops there, below its cap of 12 seeds;
 the report reads the sequence and the trials used."""
 from __future__ import annotations
 
@@ -38,15 +39,16 @@ def test_a_clear_comparison_stops_early(tmp_path):
                        env=env)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "look 1: 0.003 cannot decide (4 seeds)" in r.stdout
-    assert "look 2: 0.003 better (6 seeds); done: every comparison is decided" in r.stdout
+    assert "look 2: 0.003 cannot decide (6 seeds)" in r.stdout
+    assert "look 3: 0.003 better (8 seeds); done: every comparison is decided" in r.stdout
     state = json.loads((tmp_path / "results" / "ray" / "decide-e2e" / "lime_sweep.json").read_text())
-    assert state["seeds"] == [0, 1, 2, 3, 4, 5] and len(state["extensions"]) == 1
+    assert state["seeds"] == list(range(8)) and len(state["extensions"]) == 2
     r = subprocess.run([LIME, "report", "decide-e2e", "--out", str(tmp_path / "reports")], capture_output=True,
                        text=True, cwd=ROOT, timeout=300, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     out = tmp_path / "reports" / "decide-e2e"
     rows = {row["variant"]: row for row in csv.DictReader(open(out / "summary.csv"))}
     assert rows["0.003"]["verdict"] == "better" and rows["0.003"]["seeds_design"] == "sequential"
-    assert rows["0.003"]["n_pairs"] == "6"
+    assert rows["0.003"]["n_pairs"] == "8" and rows["0.003"]["estimand"] == "median"
     md = (out / "report.md").read_text()
-    assert "## Sequential seeds" in md and "Compute: 12 finished trials" in md
+    assert "## Sequential seeds" in md and "Compute: 16 finished trials" in md

@@ -17,7 +17,10 @@ SEED_FX = [0.0, 0.3, -0.2, 0.5, -0.4, 0.1, 0.25, -0.55]  # mean 0: means are the
 
 
 def shifted(level: float, delta: float = 0.0, jitter: float = 0.01) -> list[float]:
-    return [level + SEED_FX[i] + delta + (jitter if i % 2 else -jitter) for i in range(8)]
+    # the last term (mean 0 over the 8 seeds) gives a shifted variant's per-seed differences a spread: a
+    # constant difference has zero variance and is "not tested" (issue 33)
+    return [level + SEED_FX[i] + delta + (jitter if i % 2 else -jitter) + 0.001 * (level + delta) * (-1) ** i
+            for i in range(8)]
 
 
 def frame(groups: dict, axis: str = "router", **cols) -> pd.DataFrame:

@@ -44,10 +44,13 @@ def test_better_worse_and_same_with_eight_seeds():
     assert full.diff_sd == pytest.approx(np.std([0.01, -0.01] * 4, ddof=1))
     assert full.d_z == pytest.approx(-0.05 / full.diff_sd)
     assert full.diff_pct == pytest.approx(100 * -0.05 / np.mean(shifted(0)))
-    # the interval is at 1 - 0.05/3 (Bonferroni over 3): all 8 differences negative, so both the t and
-    # the sign-flip limits lie below 0
-    assert full.ci_low <= -0.05 <= full.ci_high < 0 and full.confidence == pytest.approx(1 - 0.05 / 3)
-    assert full.family_size == 3 and full.method == "t ∪ sign-flip"
+    # the interval is at 1 - 0.05/3 (Bonferroni over 3, each 8-seed comparison can reach 2/256 <= 0.05/3):
+    # all 8 differences negative, so the sign interval of the median, [min, max] (2/256 <= 0.05/3 but
+    # 18/256 > it), lies below 0; the mean's interval (t ∪ sign-flip) is beside it
+    assert (full.ci_low, full.ci_high) == pytest.approx((-0.06, -0.04))
+    assert full.confidence == pytest.approx(1 - 0.05 / 3) and full.estimand == "median"
+    assert full.family_size == 3 and full.method == "sign (median)" and full.mean_method == "t ∪ sign-flip"
+    assert full.mean_ci_low <= -0.05 <= full.mean_ci_high < 0
     assert worse.verdict == verdicts.WORSE
     # differences +-0.01 alternating: mean 0, every sign pattern balanced -> p = 1, interval holds 0
     assert same.verdict == verdicts.UNDECIDED and same.p_perm == pytest.approx(1.0)
@@ -62,13 +65,14 @@ def test_better_worse_and_same_with_eight_seeds():
 
 
 def test_undecidable_design_never_says_better():
-    # 4 seeds, 2 comparisons: the smallest Holm-adjusted p is 2 * 2/16 = 0.25, whatever the data
-    comp, pa = run({"none": shifted(0, n=4), "full": shifted(-1.0, n=4), "first-4": shifted(-1.0, n=4)})
+    # 4 seeds, 2 comparisons: the smallest sign-test p is 2/16 > 0.05, whatever the data: both leave the
+    # family (Tarone), no Holm p, and say the seeds they need (2/64 <= 0.05)
+    comp, pa = run({"none": shifted(0, n=4), "full": shifted(-1.0, 0.01, n=4), "first-4": shifted(-1.0, 0.01, n=4)})
     for r in pa.rows:
-        assert r.verdict == verdicts.UNDECIDABLE and r.min_p_holm == pytest.approx(0.25)
-        assert r.mde == math.inf
+        assert r.verdict == verdicts.UNDECIDABLE and math.isnan(r.min_p_holm)
+        assert r.mde == math.inf and r.note == "left out of the family (Tarone): needs 6 seeds at alpha 0.05"
     text = "\n".join(verdict_lines(pa))
-    assert "cannot decide" in text and "at least 7 seeds" in text and "better than" not in text
+    assert "cannot decide" in text and "needs 6 seeds" in text and "better than" not in text
     assert all(not math.isfinite(r.ci_low) and not math.isfinite(r.ci_high) for r in pa.rows)
     assert verdicts.min_seeds_to_decide(1, 0.05) == 6 and verdicts.min_seeds_to_decide(8, 0.05) == 9
 
@@ -78,7 +82,7 @@ def test_direction_follows_the_metric_and_mode():
     assert verdicts.metric_mode("val/exact_match") == "max" and verdicts.metric_mode("eval/score") == "max"
     assert verdicts.metric_mode("final/accuracy", "min") == "min"
     acc = "final/accuracy"
-    higher = {"none": [0.5 + 0.01 * i for i in range(8)], "full": [0.6 + 0.01 * i for i in range(8)]}
+    higher = {"none": [0.5 + 0.01 * i for i in range(8)], "full": [0.6 + 0.01 * i + 0.001 * (i % 2) for i in range(8)]}
     _, pa = run(higher, acc)
     assert pa.mode == "max" and pa.row("full").verdict == verdicts.BETTER  # 2/256 < 0.05, one comparison
     _, pa = run(higher, acc, mode="min")

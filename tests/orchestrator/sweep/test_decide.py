@@ -15,7 +15,7 @@ import pytest
 from lime_arch import ConfigError
 from orchestrator.core import record, tracking
 from orchestrator.core.record import trial_tags
-from orchestrator.decide.verdict import BETTER, UNDECIDED, table_contradictions
+from orchestrator.decide.verdict import BETTER, UNDECIDABLE, UNDECIDED, table_contradictions
 from orchestrator.sweep import decide, driver, extend
 from orchestrator.sweep.local_state import read_state
 from orchestrator.sweep.spec import parse_spec
@@ -80,20 +80,22 @@ def test_waves_until_decided(env, monkeypatch):
     spec = decide.with_options(make_spec(env), True, "12", None)
     out = decide.run_until_decided(spec)
     waves = out["waves"]
-    # look 1 after seeds 0-5: first-4 decided better; full undecided -> waves of 2 seeds up to 12
-    assert waves[0].decisions[1].verdict.word == BETTER and len(waves[0].decisions[1].seeds) == 6
+    # look 1 after seeds 0-5: the median's sign sequence at 97.5% is finite from 8 seeds, so nothing is
+    # decided; look 2 after seeds 0-7: first-4 better (all 8 signs agree); full undecided -> waves to 12
+    assert waves[0].decisions[1].verdict.word == UNDECIDABLE and len(waves[0].decisions[1].seeds) == 6
+    assert waves[1].decisions[1].verdict.word == BETTER and len(waves[1].decisions[1].seeds) == 8
     assert [w.next_seeds for w in waves] == [[6, 7], [8, 9], [10, 11], []]
     assert waves[-1].done and "not decided at the cap of 12" in waves[-1].why
     assert waves[-1].decisions[0].verdict.word == UNDECIDED and len(waves[-1].decisions[0].seeds) == 12
     # the waves ran only the baseline and full, with the grid's trial ids
-    assert stand_in.calls[1] == ["router=none,seed=6", "router=none,seed=7", "router=full,seed=6",
-                                 "router=full,seed=7"]
+    assert stand_in.calls[2] == ["router=none,seed=8", "router=none,seed=9", "router=full,seed=8",
+                                 "router=full,seed=9"]
     state = read_state(experiment_dir("dec"))
-    assert [e["values"] for e in state["extensions"]] == [["none", "full"]] * 3
+    assert [e["values"] for e in state["extensions"]] == [["none", "full", "first-4"]] + [["none", "full"]] * 2
     params = tracking.client().get_run(state["parent_run_id"]).data.params
     assert params["sweep.decide.max_seeds"] == "12" and params["sweep.decide.wave"] == "2"
     looks = record.decide_waves(params)
-    assert list(looks) == [1, 2, 3, 4] and json.loads(looks[1])["verdict"] == {"full": UNDECIDED, "first-4": BETTER}
+    assert list(looks) == [1, 2, 3, 4] and json.loads(looks[2])["verdict"] == {"full": UNDECIDED, "first-4": BETTER}
 
 
 def test_a_killed_driver_resumes_the_sequence(env, monkeypatch):
@@ -123,7 +125,7 @@ def test_the_report_reads_the_sequence(env, monkeypatch):
     rows = list(csv.DictReader(open(out / "summary.csv")))
     assert {r["seeds_design"] for r in rows} == {"sequential"} and table_contradictions(rows) == []
     first4 = [r for r in rows if r["variant"] == "first-4"][0]
-    assert first4["verdict"] == BETTER and first4["n_pairs"] == "6"
+    assert first4["verdict"] == BETTER and first4["n_pairs"] == "8" and first4["estimand"] == "median"
     assert math.isfinite(float(first4["margin"]))  # 0.5% of the baseline's mean, fixed at the first look
     assert "dec" in status_text("dec") and "look 1" in status_text("dec")
 
