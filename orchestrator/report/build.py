@@ -6,10 +6,11 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
 - a header with the design, alpha and the baseline's init and lr;
 - a table like the paper's (variant, n, mean +- std, 95% CI, change vs baseline, step time, peak
   memory and parameter count with their change vs baseline);
-- a verdict per variant (better / worse / no detectable difference / cannot decide,
+- a verdict per variant (better / worse / equivalent within the margin / not decided,
   ``orchestrator.report.compare.verdicts``) from the paired analysis (``orchestrator.report.compare.by_seed``:
   seeds as blocks, Friedman, paired permutation and Wilcoxon tests, Holm, effect sizes), then
-  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``across_seeds.compare``;
+  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``across_seeds.compare`` (after sequential
+  stopping those fixed-n tests are labelled not valid, ``orchestrator.report.render.sequential``);
 - with ``report.tune``, each variant at its own best value of the tuning axis
   (``orchestrator.report.compare.tuning``);
 - for a search sweep, its configurations against the best one, and the winner named
@@ -136,7 +137,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                                    [g.value for g in comp.groups], out_dir, data.name)
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
     scal = scaling.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
-                         out_dir, data.name, seed, margin=choice.margin)
+                         out_dir, data.name, seed, margin=choice.margin, verdicts=_depth_verdicts(depth_pairs))
     # downstream tasks (eval/* metrics), when trials carry them: the Table 1 layout and its verdicts
     evals = evaluation.section(sdf, choice.axis, comp.baseline, blocks, choice.alpha, seed, out_dir)
     if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
@@ -253,6 +254,15 @@ def _families(pa: PairedAnalysis, by_depth: dict[Any, tuple[Comparison, PairedAn
                                          choice.margin, sequential=choice.decide is not None,
                                          seed=seed)
     return analyses[0], {d: (c, p) for (d, (c, _)), p in zip(by_depth.items(), analyses[1:])}, families
+
+
+def _depth_verdicts(depth_pairs: dict) -> dict[tuple[str, int], str]:
+    """(variant, depth) -> its verdict in the per-depth table, for the depth view to quote."""
+    out = {}
+    for d, (_, p) in depth_pairs.items():
+        if isinstance(d, (int, float)) and not isinstance(d, bool) and float(d).is_integer():
+            out.update({(cell_text(r.variant), int(d)): r.verdict for r in p.rows})
+    return out
 
 
 def _summary_rows(df: pd.DataFrame, comp: Comparison, pa: PairedAnalysis,
