@@ -63,6 +63,7 @@ from orchestrator.core import record, tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
+from orchestrator.decide.verdict import Margin
 from orchestrator.report import evaluation, routing, scaling, search
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
@@ -106,7 +107,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         settings, launched = from_parent_run(cl, found.parent, sweep)
         sweep_file = launched if sweep_file is None else SweepFile(
             sweep_file.text, sweep_file.source, sweep_file.notes + launched.notes)
-    choice = choose(settings, metric, axis, baseline)
+    choice = stopping_margin(choose(settings, metric, axis, baseline), found, settings)
     ref = reference_for(sweep, choice.paper)
     data = collect_runs(found, choice.metric, cl)
     df = _runs_frame(data, choice)
@@ -147,7 +148,8 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                         scal.lines + evals + routing.section(df, labels, choice.metric, mode),
                         search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
                         families=families, margin=choice.margin, iso=scal.iso,
-                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [])
+                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode, _abs_margin(choice))
+                        if families.sequential else [])
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
@@ -256,6 +258,12 @@ def _families(pa: PairedAnalysis, by_depth: dict[Any, tuple[Comparison, PairedAn
     return analyses[0], {d: (c, p) for (d, (c, _)), p in zip(by_depth.items(), analyses[1:])}, families
 
 
+def _abs_margin(choice: Choice) -> float | None:
+    """The sequential section's margin in metric units (``stopping_margin`` made it absolute)."""
+    m = choice.margin
+    return m.value if m is not None and not m.relative else None
+
+
 def _depth_verdicts(depth_pairs: dict) -> dict[tuple[str, int], str]:
     """(variant, depth) -> its verdict in the per-depth table, for the depth view to quote."""
     out = {}
@@ -313,7 +321,20 @@ def sweep_choice(sweep: str, cl):
     """(the sweep's runs, what its own report compares: its parent run's settings), read only."""
     found = find_runs(sweep, cl)
     settings, _ = from_parent_run(cl, found.parent, sweep)
-    return found, choose(settings)
+    return found, stopping_margin(choose(settings), found, settings)
+
+
+def stopping_margin(choice: Choice, found: Any, settings: ReportSettings) -> Choice:
+    """A sequential sweep's report applies the margin its waves stopped on: the absolute value fixed
+    at the first look (``sweep.decide.margin_abs`` on the parent run), not its % setting re-read
+    against the final baseline mean, which moves with every seed added after the first look."""
+    params = found.parent.data.params if found.parent is not None else {}
+    if choice.decide is None or record.DECIDE_MARGIN not in params or choice.metric != settings.metric:
+        return choice
+    v = record.cast_param(params[record.DECIDE_MARGIN])
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+        return choice
+    return dataclasses.replace(choice, margin=Margin(float(v), False))
 
 
 def sweep_analyses(sweep: str, cl, seed: int = 0) -> SweepAnalyses:
