@@ -91,9 +91,9 @@ def reach(pa: PairedAnalysis, waves: dict[int, str], decide: Any, level: float, 
                        + f" for an \"equivalent\" verdict even with a true difference of 0: out of reach at the cap of "
                          f"{decide.max_seeds}")
     if not out:
-        return ["", f"The margin +-{num(margin, 4)} (fixed at the first look, used by every look and by this "
+        return ["", f"The margin +-{margin:g} (fixed at the first look, used by every look and by this "
                     f"report's verdicts) was within reach at the cap of {decide.max_seeds} seeds for every comparison."]
-    return ["", f"The margin +-{num(margin, 4)} (fixed at the first look, used by every look and by this report's "
+    return ["", f"The margin +-{margin:g} (fixed at the first look, used by every look and by this report's "
                 "verdicts) was out of reach at the cap for " + "; ".join(out) + "."]
 
 
@@ -128,5 +128,6 @@ def _compute(pa: PairedAnalysis, waves: dict[int, str], decide: Any, level: floa
 
 
 def _saving(saved: int, fixed: int) -> str:
-    verb = f"saves {saved} trials" if saved >= 0 else f"costs {-saved} trials more"
-    return verb + (f" ({100 * saved / fixed:.0f}%)" if fixed else "")
+    if saved >= 0:
+        return f"saves {saved} trials" + (f" ({100 * saved / fixed:.0f}%)" if fixed else "")
+    return f"costs {-saved} trials more" + (f" ({-100 * saved / fixed:.0f}% more)" if fixed else "")

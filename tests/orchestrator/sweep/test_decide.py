@@ -125,6 +125,15 @@ def test_the_report_reads_the_sequence(env, monkeypatch):
     first4 = [r for r in rows if r["variant"] == "first-4"][0]
     assert first4["verdict"] == BETTER and first4["n_pairs"] == "6"
     assert math.isfinite(float(first4["margin"]))  # 0.5% of the baseline's mean, fixed at the first look
+    # the margin the report applies is the waves' one: 0.5% of the baseline's mean over the first look's
+    # 6 seeds, not over the 10 it has at the end (full was not decided, so the baseline got more seeds)
+    first = 0.005 * sum(value("none", s) for s in range(6)) / 6
+    final = 0.005 * sum(value("none", s) for s in range(10)) / 10
+    assert abs(first - final) > 1e-6
+    margins = {float(r["margin"]) for r in rows if r["margin"]}
+    assert len(margins) == 1 and margins.pop() == pytest.approx(first, rel=1e-9)
+    assert "fixed from `report.margin` at the first look" in md
+    assert "(not valid after optional stopping)" in md and "Against a fixed design with the same cap" in md
     assert "dec" in status_text("dec") and "look 1" in status_text("dec")
 
 
