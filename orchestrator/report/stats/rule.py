@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from orchestrator.decide import intervals
+from orchestrator.decide import intervals, reach, sequential
 
 LABEL = intervals.HULL  # the name of the interval the reports print
 
@@ -26,30 +26,7 @@ def label(level: float) -> str:
 
 def sequence(d: np.ndarray, level: float) -> intervals.Interval:
     """The sequential rule's anytime-valid interval (the confidence sequence) after ``len(d)`` seeds."""
-    from orchestrator.decide.sequential import confidence_sequence  # the one the waves stop on
-
-    return confidence_sequence(np.asarray(d, np.float64), level)
+    return sequential.confidence_sequence(np.asarray(d, np.float64), level)
 
 
-def margin_seeds(sd: float, margin: float, level: float, limit: int = 100_000) -> int | None:
-    """The fewest seeds at which the sequence of differences with mean 0 and sd ``sd`` lies inside
-    +-``margin`` (the best case for an "equivalent" verdict at that spread); None above ``limit``."""
-    if not (margin > 0) or not sd >= 0:
-        return None
-
-    def inside(n: int) -> bool:
-        z = np.arange(n, dtype=np.float64)
-        z = (z - z.mean()) / z.std(ddof=1)  # mean 0, sd 1 exactly
-        iv = sequence(sd * z, level)
-        return iv.finite and -margin < iv.low and iv.high < margin
-
-    n = 2
-    while not inside(n):  # doubling, then bisection: the width falls with n once it is finite
-        if n >= limit:
-            return None
-        n = min(2 * n, limit)
-    lo = n // 2
-    while lo + 1 < n:
-        mid = (lo + n) // 2
-        lo, n = (lo, mid) if inside(mid) else (mid, n)
-    return n
+margin_seeds = reach.margin_seeds  # the seeds an "equivalent" verdict needs at a spread (decide.reach)

@@ -110,11 +110,16 @@ def test_a_killed_driver_resumes_the_sequence(env, monkeypatch):
     assert list(record.decide_waves(params)) == [1, 2, 3, 4]
 
 
-def test_the_report_reads_the_sequence(env, monkeypatch):
+def test_the_report_reads_the_sequence(env, monkeypatch, capsys):
     from orchestrator.report.build import build_report
 
     monkeypatch.setattr(decide, "run_sweep", StandIn())
     decide.run_until_decided(decide.with_options(make_spec(env), True, "10", "0.5%"))
+    said = capsys.readouterr().out
+    # full's +-0.02 noise against a margin of 0.5% of ~3.07 (0.0154): out of reach at 10 seeds, said at look 1
+    first_margin = 0.005 * sum(value("none", s) for s in range(6)) / 6
+    assert f"look 1: full: the margin +-{first_margin:g} is out of reach at the cap of 10 seeds" in said
+    assert "first-4: the margin" not in said  # decided at the first look
     out = build_report("dec", out=env / "reports", log_to_mlflow=False).parent
     md = (out / "report.md").read_text()
     assert "## Sequential seeds" in md and "confidence sequence" in md and "Compute:" in md
