@@ -25,8 +25,8 @@ import pandas as pd
 from orchestrator.core.fmt import norm_value, same_value
 from orchestrator.core.keys import FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.decide.intervals import paired_interval
 from orchestrator.decide.verdict import verdict
+from orchestrator.report.stats import rule
 
 PRUNED = "final/pruned_weights"
 COUNTS = (("final/pruned_weights", "pruned weights", "{:.0f}"), ("final/router_weights", "of", "{:.0f}"),
@@ -65,7 +65,7 @@ def _twin(df: pd.DataFrame, row: pd.Series) -> pd.Series | None:
 def _paired(d: list[float], mode: str = "min") -> str:
     if len(d) < 2:
         return f"{np.mean(d):+.4g} (n={len(d)}: not tested)" if d else "-"
-    iv = paired_interval(np.array(d), LEVEL)
+    iv = rule.interval(np.array(d), LEVEL)
     lo, hi = ("-inf" if not math.isfinite(iv.low) else f"{iv.low:+.4g}"), (
         "inf" if not math.isfinite(iv.high) else f"{iv.high:+.4g}")
     return f"{np.mean(d):+.4g} [{lo}, {hi}] {verdict(iv, mode).word}"
@@ -91,7 +91,7 @@ def section(df: pd.DataFrame, labels: list[str], metric: str, mode: str) -> list
                 for k, _, fmt in COUNTS]
         lines.append(f"| {lab} | {len(part)} | " + " | ".join(vals) + " |")
     lines += ["", f"Each pruned trial against its twin (same router, seed and other factors, no pruning): the paired "
-              f"differences pruned - twin, mean [{LEVEL:.0%} interval, t ∪ sign-flip] and verdict of the pruned "
+              f"differences pruned - twin, mean [{rule.label(LEVEL)} interval] and verdict of the pruned "
               f"trials (single comparisons; the all-pairs family above corrects the loss comparison for "
               f"multiplicity). Step time: `{STEP}`, the median step of a trial; ratio = pruned / twin.", "",
               f"| cell | twin | n | {metric} change | step time change ms | step time ratio |",
