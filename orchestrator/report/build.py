@@ -8,10 +8,11 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
 - a header with the design, alpha and the baseline's init and lr;
 - a table like the paper's (variant, n, mean +- std, 95% CI, change vs baseline, step time, peak
   memory and parameter count with their change vs baseline);
-- a verdict per variant (better / worse / no detectable difference / cannot decide,
+- a verdict per variant (better / worse / equivalent within the margin / not decided,
   ``orchestrator.report.compare.verdicts``) from the paired analysis (``orchestrator.report.compare.by_seed``:
   seeds as blocks, Friedman, paired permutation and Wilcoxon tests, Holm, effect sizes), then
-  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``across_seeds.compare``;
+  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``across_seeds.compare`` (after sequential
+  stopping those fixed-n tests are labelled not valid, ``orchestrator.report.render.sequential``);
 - with ``report.tune``, each variant at its own best value of the tuning axis
   (``orchestrator.report.compare.tuning``);
 - for a search sweep, its configurations against the best one, and the winner named
@@ -66,7 +67,7 @@ from orchestrator.core import record, tracking
 from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
-from orchestrator.decide.verdict import check_margin_metrics
+from orchestrator.decide.verdict import Margin, check_margin_metrics
 from orchestrator.report import curves, evaluation, per_seed, routing, scaling, search, unstable
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
@@ -111,7 +112,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         settings, launched = from_parent_run(cl, found.parent, sweep)
         sweep_file = launched if sweep_file is None else SweepFile(
             sweep_file.text, sweep_file.source, sweep_file.notes + launched.notes)
-    choice = choose(settings, metric, axis, baseline)
+    choice = stopping_margin(choose(settings, metric, axis, baseline), found, settings)
     ref = reference_for(sweep, choice.paper)
     data = collect_runs(found, choice.metric, cl)
     data.notes.extend(curves.apply_final_evals(data.frame, data.histories, choice.metric, choice.final_evals))
@@ -146,7 +147,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                                    [g.value for g in comp.groups], out_dir, data.name)
     factors = [c for c in list(FACTORS) + choice.grid_cols if c != choice.tune]
     scal = scaling.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
-                         out_dir, data.name, seed, margin=choice.margin)
+                         out_dir, data.name, seed, margin=choice.margin, verdicts=_depth_verdicts(depth_pairs))
     # downstream tasks (eval/* metrics), when trials carry them: the Table 1 layout and its verdicts
     evals = evaluation.section(sdf, choice.axis, comp.baseline, blocks, choice.alpha, seed, out_dir)
     if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
@@ -156,7 +157,8 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                         scal.lines + evals + routing.section(df, labels, choice.metric, mode),
                         search.section(df, choice.folded, choice.metric, mode) if choice.folded else [],
                         families=families, margin=choice.margin, iso=scal.iso,
-                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode) if families.sequential else [],
+                        sequential=sequential.lines(pa, waves, choice.decide, ref, mode, _abs_margin(choice))
+                        if families.sequential else [],
                         unstable=unstable_lines)
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
@@ -285,6 +287,21 @@ def _families(pa: PairedAnalysis, by_depth: dict[Any, tuple[Comparison, PairedAn
     return analyses[0], {d: (c, p) for (d, (c, _)), p in zip(by_depth.items(), analyses[1:])}, families
 
 
+def _abs_margin(choice: Choice) -> float | None:
+    """The sequential section's margin in metric units (``stopping_margin`` made it absolute)."""
+    m = choice.margin
+    return m.value if m is not None and not m.relative else None
+
+
+def _depth_verdicts(depth_pairs: dict) -> dict[tuple[str, int], str]:
+    """(variant, depth) -> its verdict in the per-depth table, for the depth view to quote."""
+    out = {}
+    for d, (_, p) in depth_pairs.items():
+        if isinstance(d, (int, float)) and not isinstance(d, bool) and float(d).is_integer():
+            out.update({(cell_text(r.variant), int(d)): r.verdict for r in p.rows})
+    return out
+
+
 def _summary_rows(df: pd.DataFrame, comp: Comparison, pa: PairedAnalysis,
                   by_depth: dict[Any, tuple[Comparison, PairedAnalysis]],
                   tuned: tuning.Tuning | None, sequential: bool = False) -> list[dict[str, Any]]:
@@ -333,7 +350,20 @@ def sweep_choice(sweep: str, cl):
     """(the sweep's runs, what its own report compares: its parent run's settings), read only."""
     found = find_runs(sweep, cl)
     settings, _ = from_parent_run(cl, found.parent, sweep)
-    return found, choose(settings)
+    return found, stopping_margin(choose(settings), found, settings)
+
+
+def stopping_margin(choice: Choice, found: Any, settings: ReportSettings) -> Choice:
+    """A sequential sweep's report applies the margin its waves stopped on: the absolute value fixed
+    at the first look (``sweep.decide.margin_abs`` on the parent run), not its % setting re-read
+    against the final baseline mean, which moves with every seed added after the first look."""
+    params = found.parent.data.params if found.parent is not None else {}
+    if choice.decide is None or record.DECIDE_MARGIN not in params or choice.metric != settings.metric:
+        return choice
+    v = record.cast_param(params[record.DECIDE_MARGIN])
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not v > 0:
+        return choice
+    return dataclasses.replace(choice, margin=Margin(float(v), False))
 
 
 def sweep_analyses(sweep: str, cl, seed: int = 0) -> SweepAnalyses:

@@ -66,21 +66,53 @@ def relative_effect(ref: PaperRef | None, metric: str, variant: Any) -> tuple[fl
     return DEFAULT_RELATIVE, "1% of the baseline's mean"
 
 
-def fixed_design(pa, level: float, ref: PaperRef | None) -> tuple[int, str] | None:
-    """The seeds per arm a fixed-seed design needs so that every comparison of ``pa`` is decided with
-    80% power at ``level`` for the planner's default effect, with this sweep's sd (its upper bound)."""
-    need, why = [], ""
+@dataclass(frozen=True)
+class Need:
+    """One comparison's spread and the planner's effect, in the units the power simulations take."""
+
+    variant: Any
+    dz: float  # |effect| / the sd's upper bound
+    why: str  # where the effect comes from
+
+
+@dataclass(frozen=True)
+class FixedDesign:
+    seeds: int  # per arm; the planner's cap when ``capped``
+    capped: bool  # more than ``verdict_power.MAX_SEEDS`` seeds would be needed: ``seeds`` is the cap
+    why: str
+    hardest: Need  # the comparison that needs the most seeds
+
+    def seeds_text(self) -> str:
+        return (f"more than {self.seeds} (the planner's cap; counted as {self.seeds})" if self.capped
+                else str(self.seeds))
+
+
+def needs(pa, ref: PaperRef | None) -> list[Need]:
+    """Each comparison of ``pa`` with a finite sd: its d_z for the planner's default effect, with the
+    upper confidence bound of its sd."""
+    out = []
     for r in pa.rows:
         up = sd_upper(r.diff_sd, r.n)
         if not math.isfinite(up) or not math.isfinite(r.base_mean):
             continue
         rel, why = relative_effect(ref, pa.metric, r.variant)
-        dz = abs(rel * r.base_mean) / up if up > 0 else math.inf
-        need.append(verdict_seeds(level, dz) or verdict_power.MAX_SEEDS)
-    if not need:
+        out.append(Need(r.variant, abs(rel * r.base_mean) / up if up > 0 else math.inf, why))
+    return out
+
+
+def fixed_design(pa, level: float, ref: PaperRef | None, target: float = verdict_power.TARGET) -> FixedDesign | None:
+    """The seeds per arm a fixed-seed design needs so that every comparison of ``pa`` is decided with
+    ``target`` power at ``level`` for the planner's default effect, with this sweep's sd (its upper
+    bound). Above ``verdict_power.MAX_SEEDS`` seeds the search stops and the design says it is capped."""
+    found = []
+    for nd in needs(pa, ref):
+        n = verdict_seeds(level, nd.dz, target)
+        found.append((n if n is not None else verdict_power.MAX_SEEDS, n is None, nd))
+    if not found:
         return None
-    return max(need), (f"the verdict rule's seeds for {why}, with 80% power and the {SD_CONFIDENCE:.0%} upper bound "
-                       "of each comparison's sd")
+    seeds, capped, hard = max(found, key=lambda x: (x[0], x[1]))
+    return FixedDesign(seeds, capped, f"the verdict rule's seeds for {hard.why}, with {target:.0%} power and the "
+                       f"{SD_CONFIDENCE:.0%} upper bound of each comparison's sd", hard)
 
 
 @dataclass(frozen=True)

@@ -24,9 +24,10 @@ from typing import Any
 from lime_arch import ConfigError
 from orchestrator.core import record
 from orchestrator.core.tracking import client
+from orchestrator.decide import reach
 from orchestrator.decide.runs import seed_values
 from orchestrator.decide.verdict import margin_for, parse_margins
-from orchestrator.decide.waves import Design, Wave, run_waves
+from orchestrator.decide.waves import Design, Wave, differences, run_waves
 from orchestrator.sweep.blocks import with_options  # noqa: F401 - the flags' check lives torch-free
 from orchestrator.sweep.checks import key_of
 from orchestrator.sweep.driver import run_sweep
@@ -108,6 +109,11 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
             f"{d.variant} {d.verdict.word} ({len(d.seeds)} seeds)" for d in wave.decisions)
             + (f"; next wave: seeds {wave.next_seeds} for {', '.join(map(str, wave.next_variants))}"
                if not wave.done else f"; done: {wave.why}"), flush=True)
+        if wave.index == 1:  # said once, at the first look (a resumed driver said it before)
+            open_ = {d.variant: differences(finished, d.variant, baseline)[1] for d in wave.decisions
+                     if not d.decided}
+            for line in reach.out_of_reach(open_, design.margin, design.family.level, design.max_seeds):
+                print(f"sweep {spec.name}: look 1: {line}", flush=True)
 
     def launch(variants: list, seeds: list) -> None:
         nonlocal summary

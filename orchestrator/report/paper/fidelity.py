@@ -167,7 +167,8 @@ def _depth(by_depth: dict[Any, tuple[Comparison, PairedAnalysis | None]], mode: 
     grows = all(b > a for a, b in zip(gains, gains[1:])) if len(gains) > 1 else None
     lines = ["", *table(["n_layers", "none (mean)", "full (mean)", "full vs none", "verdict", "LIMe ahead"], body),
              "", f"- LIMe ahead at every depth: {'yes' if wins == len(depths) else 'no'} ({wins} of {len(depths)}).",
-             "- Advantage grows with depth: " + ("not measurable (one depth)." if grows is None else
+             "- Advantage larger at each greater depth, by the means (a description, not a verdict: the verdicts "
+             "per depth are the table's): " + ("not measurable (one depth)." if grows is None else
                                                f"{'yes' if grows else 'no'} (improvement "
                                                + ", ".join(f"{g:.2f}%" for g in gains) + ").")]
     cross = [(d, 2 * d) for d in depths if 2 * d in got]

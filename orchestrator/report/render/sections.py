@@ -21,6 +21,7 @@ from orchestrator.report.paper import fidelity
 from orchestrator.report.paper.refs import PaperRef
 from orchestrator.report.render import tables
 from orchestrator.report.render.comparisons import comparison_markdown, paired_markdown, verdict_lines
+from orchestrator.report.render.sequential import NOT_VALID as STOPPED
 from orchestrator.report.runs import SweepRuns
 from orchestrator.report.settings import SweepFile
 from orchestrator.report.stats import power
@@ -116,7 +117,7 @@ def results(r: ReportData) -> list[str]:
     rows = [row for row in r.rows if row["scope"] == "all"]
     if len(rows) >= 3:  # a field of variants: ranked first, by the metric and by it at equal compute
         lines += ["### Ranking", ""] + tables.ranking_table(rows, r.iso, r.mode, r.metric) + ["", "### All numbers", ""]
-    lines += tables.paper_table(rows, r.comp.confidence)
+    lines += tables.paper_table(rows, r.comp.confidence, _seq(r))
     pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
     tuned = f" Each variant at its chosen `{r.tuned.axis}` (see Tuning)." if r.tuned else ""
     return lines + ["", "Mean, std and Student's t CI of the mean are over finished seeds. Step time is the "
@@ -153,7 +154,9 @@ def decision_rules(r: ReportData) -> list[str]:
     mean = (f"the anytime-valid {CS}" if fam.sequential else
             f"the hull of Student's t interval and the inverted exact sign-flip test ({HULL})")
     margin = (f"Equivalence margin: +-{r.margin.text()}" + (" of the baseline's mean" if r.margin.relative else "")
-              + " (`report.margin`); a verdict \"equivalent within margin\" is an interval inside it."
+              + (" (fixed from `report.margin` at the first look of the sequential design, as its waves used it)"
+                 if fam.sequential and not r.margin.relative else " (`report.margin`)")
+              + "; a verdict \"equivalent within margin\" is an interval inside it."
               if r.margin is not None else "No equivalence margin (`report.margin`) is set, so no verdict says two "
               "variants match: an interval that holds 0 is \"not decided\", not \"no difference\".")
     evidence = ("Screening: every verdict comes from this one sweep; confirm a chosen variant on fresh seeds, or "
@@ -177,9 +180,26 @@ def sequential_section(r: ReportData) -> list[str]:
     return r.sequential
 
 
+def _seq(r: ReportData) -> bool:
+    return bool(getattr(r.families, "sequential", False))
+
+
+def _stopped(r: ReportData) -> tuple[list[str], str]:
+    """After sequential stopping: the warning over every fixed-n table, and the headings' tag."""
+    if not _seq(r):
+        return [], ""
+    return ([f"**{STOPPED.capitalize()}.** The seeds were added in waves until each comparison was decided, so the "
+             "p-values, Holm values, Friedman, Wilcoxon, Mann-Whitney and Kruskal-Wallis tests, MDEs and Student's "
+             "t intervals of the means below assume a number of seeds fixed in advance that this sweep did not have: "
+             "they are kept for reference only. The verdicts are the confidence sequences (see Sequential seeds).",
+             ""], f" ({STOPPED})")
+
+
 def statistics(r: ReportData) -> list[str]:
-    return ["", "## Statistics", "", "### Paired analysis (seeds as blocks)", "", paired_markdown(r.paired).rstrip(),
-            "", "### Unpaired analysis (seeds as independent samples)", "", comparison_markdown(r.comp).rstrip()]
+    warn, tag = _stopped(r)
+    return ["", "## Statistics", "", *warn, f"### Paired analysis (seeds as blocks){tag}", "",
+            paired_markdown(r.paired).rstrip(), "", f"### Unpaired analysis (seeds as independent samples){tag}", "",
+            comparison_markdown(r.comp).rstrip()]
 
 
 def tuning_section(r: ReportData) -> list[str]:
@@ -208,13 +228,15 @@ def trials(r: ReportData) -> list[str]:
 def results_by_depth(r: ReportData) -> list[str]:
     if not r.by_depth:
         return []
-    lines = ["", "## Results by depth", ""]
+    warn, tag = _stopped(r)
+    lines = ["", "## Results by depth", "", *warn]
     for d, (c, pa) in r.by_depth.items():
         scope = f"n_layers={cell_text(d)}"
         lines += [f"### n_layers = {cell_text(d)}", ""]
-        lines += tables.paper_table([row for row in r.rows if row["scope"] == scope], c.confidence)
-        lines += ["", "Verdicts:", "", *verdict_lines(pa), "", paired_markdown(pa).rstrip(), "",
-                  comparison_markdown(c).rstrip(), ""]
+        lines += tables.paper_table([row for row in r.rows if row["scope"] == scope], c.confidence,
+                                    _seq(r))
+        lines += ["", "Verdicts:", "", *verdict_lines(pa), "", f"Paired analysis{tag}:", "",
+                  paired_markdown(pa).rstrip(), "", f"Unpaired analysis{tag}:", "", comparison_markdown(c).rstrip(), ""]
     return lines
 
 

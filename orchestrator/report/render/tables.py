@@ -79,7 +79,8 @@ def group_rows(comp: Comparison, df: pd.DataFrame, scope: str) -> list[dict[str,
     return out
 
 
-def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[str]:
+def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95, stopped: bool = False) -> list[str]:
+    """``stopped``: the seeds were added until decided, so the t CI of a mean is labelled not valid."""
     level = f"{confidence * 100:g}%"
     body = []
     for r in rows:
@@ -89,17 +90,31 @@ def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95) -> list[st
                      pct(r["change_pct"]), num(r["step_time_ms"], 4), pct(r["step_time_change_pct"]),
                      num(r["peak_mem_mb"], 5), pct(r["peak_mem_change_pct"]), num(r["params"], 12),
                      pct(r["params_change_pct"])])
-    return table(["variant", "n", "mean ± std", f"{level} CI", "change", "step ms", "step change",
+    ci = f"{level} CI" + (" (not valid after optional stopping)" if stopped else "")
+    return table(["variant", "n", "mean ± std", ci, "change", "step ms", "step change",
                   "peak MB", "memory change", "params", "params change"], body)
+
+
+def _paired_key(r: dict[str, Any]) -> float:
+    """A row's paired change against the baseline (0 for the baseline itself): NaN without pairs."""
+    if r["baseline"]:
+        return 0.0
+    d = r.get("diff_mean", math.nan)
+    return float(d) if isinstance(d, (int, float)) else math.nan
 
 
 def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]], mode: str,
                   metric: str) -> list[str]:
-    """The variants ranked by the metric's mean, beside their rank at the baseline's training FLOPs
-    (``iso``: the iso-FLOP comparison's value at that budget; "-" where a variant's runs end before
-    it), their verdict against the baseline, step time and training memory."""
+    """The variants ranked by their paired change against the baseline (each variant's mean per-seed
+    difference over the seeds it shares with the baseline: a variant stopped early at 8 seeds is not
+    ranked by its 8-seed mean against the baseline's 32-seed mean), beside their rank at the
+    baseline's training FLOPs (``iso``: the iso-FLOP comparison's value at that budget; "-" where a
+    variant's runs end before it), their verdict against the baseline, step time and training
+    memory. Rows without paired columns (an unpaired design) rank by their own means."""
     sign = 1.0 if mode == "min" else -1.0
-    ranked = sorted(rows, key=lambda r: (sign * r["mean"] if math.isfinite(r["mean"]) else math.inf,
+    paired = any(not r["baseline"] and math.isfinite(_paired_key(r)) for r in rows)
+    key_of = _paired_key if paired else (lambda r: r["mean"])
+    ranked = sorted(rows, key=lambda r: (sign * key_of(r) if math.isfinite(key_of(r)) else math.inf,
                                          order_key(r["variant"])))
     at_budget = {k: v for k, v in iso.items() if math.isfinite(v[0])}
     iso_rank = {k: i + 1 for i, (k, _) in enumerate(sorted(at_budget.items(), key=lambda kv: (sign * kv[1][0], kv[0])))}
@@ -108,15 +123,24 @@ def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]
         key = str(r["variant"])
         name = cell_text(r["variant"]) + (" (baseline)" if r["baseline"] else "")
         v = at_budget.get(key)
-        body.append([str(i + 1), name, num(r["mean"]), pct(r["change_pct"]), str(r.get("verdict") or "-"),
+        if paired:
+            n = r.get("n_pairs", math.nan)
+            change = ("-" if r["baseline"] else pct(r.get("diff_pct", math.nan))
+                      + (f" ({int(n)} seeds)" if isinstance(n, (int, float)) and math.isfinite(n) else ""))
+        else:
+            change = pct(r["change_pct"])
+        body.append([str(i + 1), name, num(r["mean"]), change, str(r.get("verdict") or "-"),
                      str(iso_rank[key]) if key in iso_rank else "-", num(v[0]) if v else "-",
                      pct(r["step_time_change_pct"]), pct(r["peak_mem_change_pct"])])
-    note = (f"Rank by the mean `{cell(metric)}` over seeds ({'lower' if mode == 'min' else 'higher'} is better); "
-            "equal-FLOPs rank: by `val/loss` at the baseline's final training FLOPs (the Iso-FLOP comparison "
-            "below; '-': the variant's runs end before that budget, or no curve was logged); the verdict is "
-            "the one of the Verdicts section, read off its interval.")
-    return table(["rank", "variant", "mean", "change", "verdict", "rank at equal FLOPs", "val/loss at the "
-                  "baseline's FLOPs", "step change", "memory change"], body) + ["", note]
+    by = ("by the paired change: each variant's mean per-seed difference to the baseline over the seeds both have"
+          if paired else f"by the mean `{cell(metric)}` over seeds")
+    note = (f"Rank {by} ({'lower' if mode == 'min' else 'higher'} is better); the mean column is each variant's own "
+            "mean over its seeds; equal-FLOPs rank: by `val/loss` at the baseline's final training FLOPs (the Iso-FLOP "
+            "comparison below; '-': the variant's runs end before that budget, or no curve was logged); the verdict "
+            "is the one of the Verdicts section, read off its interval.")
+    return table(["rank", "variant", "mean", "paired change (seeds)" if paired else "change", "verdict",
+                  "rank at equal FLOPs", "val/loss at the baseline's FLOPs", "step change", "memory change"],
+                 body) + ["", note]
 
 
 def left_out(df: pd.DataFrame, metric: str, axis: str) -> list[dict[str, Any]]:

@@ -27,7 +27,7 @@ from orchestrator.core.fmt import slug
 from orchestrator.report.render.figures import finished
 from orchestrator.report.scaling import depth, fits, isoflop, markdown
 from orchestrator.report.scaling.figure import plot_scaling
-from orchestrator.report.scaling.rungs import build_lines, draws, has_size_axis
+from orchestrator.report.scaling.rungs import build_lines, has_size_axis
 
 __all__ = ["ScalingSection", "build", "log"]
 PLOT = "scaling.png"
@@ -43,15 +43,15 @@ class ScalingSection:
 
 def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str, baseline: Any, mode: str,
           factors: list[str], out_dir: Path, name: str, seed: int = 0,
-          n_boot: int | None = None, margin: Any = None) -> ScalingSection:
-    """The iso-FLOP and scaling sections of a report (see the module docstring)."""
+          n_boot: int | None = None, margin: Any = None, verdicts: dict | None = None) -> ScalingSection:
+    """The iso-FLOP and scaling sections of a report (see the module docstring); ``verdicts``:
+    (variant, depth) -> the verdict of the report's per-depth table, quoted by the depth view."""
     n_boot = fits.N_BOOT if n_boot is None else n_boot
     lines = build_lines(finished(df), metric, axis, baseline, factors)
     out = ScalingSection()
     if not lines:
         return out
-    samples = draws(lines, n_boot, seed)
-    rows = isoflop.iso_rows(lines, histories, samples)
+    rows = isoflop.iso_rows(lines, histories)
     out.lines += isoflop.section(rows, metric)
     if not has_size_axis(lines) and len({r.line.label for r in rows}) == len(rows):  # one rung per line
         for r in rows:
@@ -65,16 +65,16 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
     if not has_size_axis(lines):
         return out
     s = fits.analyze(lines, mode, seed, n_boot)
-    views = depth.depth_views(lines, samples, mode) if depth.is_depth_ladder(lines) else []
+    views = depth.depth_views(lines, mode) if depth.is_depth_ladder(lines) else []
     out.plot = plot_scaling(s, out_dir / PLOT, metric, f"{name}: {metric} scaling").name
-    out.lines += markdown.section(s, views, metric, axis, out.plot, margin)
+    out.lines += markdown.section(s, views, metric, axis, out.plot, margin, verdicts)
     out.metrics.update(fits.metrics(s, slug))
     for v in views:
         pre = f"scaling/{slug(v.line.label)}"
         if v.match is not None:
             out.metrics[f"{pre}/depth_match_layers"] = float(v.match[0])
-        if v.trend is not None and math.isfinite(v.trend[0]):
-            out.metrics[f"{pre}/depth_trend_per_doubling"] = v.trend[0]
+        if v.trend is not None and math.isfinite(v.trend):
+            out.metrics[f"{pre}/depth_trend_per_doubling"] = v.trend
     return out
 
 

@@ -1,20 +1,22 @@
 """The depth-only view of a fixed-width ladder (only ``n_layers`` changes between rungs): the
 metric against depth per variant, the smallest depth at which a variant matches the baseline's
 deepest model (the paper's "64-layer LIMe beats 128-layer LLaMA", arXiv 2502.09245 Figure 6),
-and whether the variant's advantage grows with depth.
+and what the report's verdicts per depth say about the variant's advantage.
 
 - Per depth, the difference variant - baseline is paired over the seeds both have, with the
-  report's paired 95% interval (``orchestrator.decide.intervals.paired_interval``: Student's t and
-  the inverted sign-flip test, which covers at the shipped seed counts; the percentile bootstrap it
-  replaced covered 75% at 3 seeds).
+  verdict rule's fixed-n interval at 95% (``orchestrator.report.stats.rule``, printed under its
+  own name ``rule.LABEL``; the percentile bootstrap it replaced covered 75% at 3 seeds). It is one
+  comparison at 95%, not the family-corrected verdict: the verdicts are the report's per-depth
+  tables, and the sentences here quote them.
 - "Reaches" compares a variant at depth d with the baseline at its deepest depth D (d <= D) over
-  the seeds both have: at least as good by the mean. It is "better beyond noise" when that
-  difference's interval excludes 0, and "equivalent within the margin" only when a margin is set
+  the seeds both have: at least as good by the mean, with that difference's interval. That
+  comparison is no verdict of the report (no family, no correction), so the text says what its
+  interval excludes and never "better"; "equivalent within the margin" only when a margin is set
   (``report.margin``) and the interval lies inside it; otherwise no match is claimed.
-- The trend is the least-squares slope of the per-depth mean differences against log2(depth):
-  the change of the advantage per doubling of depth, with a percentile-bootstrap interval of the
-  seeds resampled within each depth (the same draws as the fits; at 3-6 seeds per depth a
-  percentile bootstrap under-covers: 75-86% for a mean, ``tests/orchestrator/decide``).
+- The trend is the least-squares slope of the per-depth mean differences against log2(depth),
+  descriptive only: no interval (a percentile bootstrap of 3-6 seeds per depth covers 75-86%).
+  Whether the advantage grows with depth is not claimed from it; the text lists the verdicts per
+  depth instead, and says "better at every depth" only when every depth's verdict is "better".
 """
 from __future__ import annotations
 
@@ -24,9 +26,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from orchestrator.core.fmt import num
-from orchestrator.decide import rule
-from orchestrator.report.scaling.fits import quantiles
 from orchestrator.report.scaling.rungs import Line, Rung
+from orchestrator.report.stats import rule
 
 __all__ = ["DepthRow", "DepthView", "depth_views", "is_depth_ladder"]
 
@@ -48,8 +49,8 @@ class DepthView:
     rows: list[DepthRow]
     deepest: int  # the baseline's deepest depth
     match: tuple[int, float, tuple[float, float]] | None = None  # depth, diff vs deepest baseline, CI
-    beats: int | None = None  # smallest depth whose CI excludes the baseline's deepest being as good
-    trend: tuple[float, tuple[float, float]] | None = None  # advantage per doubling, CI
+    beats: int | None = None  # smallest depth whose interval excludes the baseline's deepest being as good
+    trend: float | None = None  # advantage per doubling (least squares, descriptive: no interval)
     notes: list[str] = field(default_factory=list)
 
 
@@ -65,18 +66,16 @@ def is_depth_ladder(lines: list[Line]) -> bool:
             and all(_depth(r) is not None for r in rungs))
 
 
-def _paired(var: Rung, base: Rung, samples: list[dict]) -> tuple[float, tuple[float, float], int, list[float]]:
+LEVEL = 0.95  # the depth view's intervals: one comparison each, not the family's level
+
+
+def _paired(var: Rung, base: Rung) -> tuple[float, tuple[float, float], int]:
     shared = [s for s in var.values if s in base.values]
     if not shared:
-        return math.nan, (math.nan, math.nan), 0, [math.nan] * len(samples)
+        return math.nan, (math.nan, math.nan), 0
     d = np.array([var.values[s] - base.values[s] for s in shared], np.float64)
-    diff = float(d.mean())
-    iv = rule.decide(d, 0.95, "min").interval  # the verdict rule's interval (median), as every report's
-    boot = []
-    for draw in samples:
-        seeds = [s for s in draw.get(var.key, []) if s in shared]
-        boot.append(float(np.mean([var.values[s] - base.values[s] for s in seeds])) if seeds else math.nan)
-    return diff, (iv.low, iv.high), len(shared), boot
+    iv = rule.interval(d, LEVEL)
+    return float(d.mean()), (iv.low, iv.high), len(shared)
 
 
 def _slope(depths: list[int], diffs: list[float]) -> float:
@@ -88,38 +87,36 @@ def _slope(depths: list[int], diffs: list[float]) -> float:
     return float(np.polyfit(x[ok], y[ok], 1)[0])
 
 
-def view(var: Line, base: Line, samples: list[dict], mode: str) -> DepthView:
+def view(var: Line, base: Line, mode: str) -> DepthView:
     sign = 1.0 if mode == "min" else -1.0  # advantage = sign * (baseline - variant)
     by_b = {_depth(r): r for r in base.rungs}
     by_v = {_depth(r): r for r in var.rungs}
     depths = sorted(set(by_b) | set(by_v))
-    rows, boots = [], {}
+    rows = []
     for d in depths:
         row = DepthRow(d, by_b.get(d), by_v.get(d))
         if row.base is not None and row.var is not None:
-            row.diff, row.ci, row.pairs, boots[d] = _paired(row.var, row.base, samples)
+            row.diff, row.ci, row.pairs = _paired(row.var, row.base)
         rows.append(row)
     deepest = max(by_b)
     out = DepthView(var, base, rows, deepest)
     top = by_b[deepest]
     for d in sorted(x for x in by_v if x <= deepest):
         r = by_v[d]
-        diff, ci, _, _ = _paired(r, top, [])
+        diff, ci, _ = _paired(r, top)
         if not math.isfinite(diff):  # no seed in common: unpaired means, no interval
             diff, ci = r.mean - top.mean, (-math.inf, math.inf)
         if out.match is None and sign * diff <= 0:
             out.match = (d, diff, ci)
         if out.beats is None and (ci[1] < 0 if mode == "min" else ci[0] > 0):
             out.beats = d
-    paired_depths = [d for d in depths if d in boots]
-    if len(paired_depths) >= 2:
-        slope = -sign * _slope(paired_depths, [next(r.diff for r in rows if r.depth == d) for d in paired_depths])
-        sl_boot = [-sign * _slope(paired_depths, [boots[d][i] for d in paired_depths]) for i in range(len(samples))]
-        out.trend = (slope, quantiles(sl_boot))
+    paired = [r for r in rows if r.pairs]
+    if len(paired) >= 2:
+        out.trend = -sign * _slope([r.depth for r in paired], [r.diff for r in paired])
     return out
 
 
-def depth_views(lines: list[Line], samples: list[dict], mode: str) -> list[DepthView]:
+def depth_views(lines: list[Line], mode: str) -> list[DepthView]:
     """One view per variant with a baseline line of the same other factors."""
     out = []
     for ln in lines:
@@ -127,7 +124,7 @@ def depth_views(lines: list[Line], samples: list[dict], mode: str) -> list[Depth
             continue
         base = next((b for b in lines if b.is_baseline and b.rest == ln.rest), None)
         if base is not None and base.rungs and ln.rungs:
-            out.append(view(ln, base, samples, mode))
+            out.append(view(ln, base, mode))
     return out
 
 
@@ -135,8 +132,9 @@ def _layers(d: int) -> str:
     return f"{d} layer" if d == 1 else f"{d} layers"
 
 
-def statements(v: DepthView, metric: str, mode: str, margin=None) -> list[str]:
-    """The view's findings in words (``margin``: ``orchestrator.decide.verdict.Margin`` or None)."""
+def statements(v: DepthView, metric: str, mode: str, margin=None, verdicts: dict | None = None) -> list[str]:
+    """The view's findings in words (``margin``: ``orchestrator.decide.verdict.Margin`` or None;
+    ``verdicts``: depth -> this variant's verdict in the report's per-depth table)."""
     base, var, d_max = v.base.label, v.line.label, v.deepest
     top = next(r.base for r in v.rows if r.depth == d_max)
     lines = []
@@ -151,7 +149,7 @@ def statements(v: DepthView, metric: str, mode: str, margin=None) -> list[str]:
         where = "at the same depth only" if d == d_max else f"at {_layers(d)} ({d_max / d:g}x shallower)"
         m = margin.absolute(top.mean) if margin is not None else None
         if not ci[0] <= 0 <= ci[1]:
-            noise = "better beyond noise"
+            noise = "the interval excludes 0 (one comparison at 95%, not one of the report's verdicts)"
         elif m is not None and -m < ci[0] and ci[1] < m:
             noise = f"equivalent within the margin +-{num(m, 3)}"
         elif m is None:
@@ -159,22 +157,34 @@ def statements(v: DepthView, metric: str, mode: str, margin=None) -> list[str]:
         else:
             noise = f"the interval holds 0 but is not inside the margin +-{num(m, 3)}: not decided"
         lines.append(f"`{var}` reaches `{base}`'s {d_max}-layer {metric} ({num(top.mean, 4)}) by the mean {where}: "
-                     f"{num(top.mean + diff, 4)}, difference {num(diff, 3)} (paired 95% interval [{num(ci[0], 3)}, "
-                     f"{num(ci[1], 3)}]; {noise}).")
+                     f"{num(top.mean + diff, 4)}, difference {num(diff, 3)} ({rule.label(LEVEL)} interval "
+                     f"[{num(ci[0], 3)}, {num(ci[1], 3)}]; {noise}).")
         if v.beats is not None:
-            lines.append(f"The smallest depth at which `{var}` is better than `{base}` at {d_max} layers beyond "
-                         f"noise (interval excluding 0): {_layers(v.beats)}.")
+            lines.append(f"The smallest depth at which `{var}`'s difference to `{base}` at {d_max} layers has a "
+                         f"{rule.label(LEVEL)} interval excluding 0 (one comparison, uncorrected): "
+                         f"{_layers(v.beats)}.")
         else:
-            lines.append(f"At no depth is `{var}` better than `{base}` at {d_max} layers beyond noise.")
+            lines.append(f"At no depth does `{var}`'s difference to `{base}` at {d_max} layers have a "
+                         f"{rule.label(LEVEL)} interval excluding 0.")
     if v.trend is not None:
-        slope, (lo, hi) = v.trend
-        if lo > 0:
-            word = "grows"
-        elif hi < 0:
-            word = "shrinks"
-        else:
-            word = "shows no detectable trend"
-        lines.append(f"`{var}`'s advantage over `{base}` in {metric} {word} with depth: {num(slope, 3)} per "
-                     f"doubling of depth (least squares on log2 depth, percentile-bootstrap 95% CI over seeds within "
-                     f"each depth [{num(lo, 3)}, {num(hi, 3)}]; positive = a larger advantage at greater depth).")
+        lines.append(trend_text(v, metric, verdicts))
     return lines
+
+
+def trend_text(v: DepthView, metric: str, verdicts: dict | None) -> str:
+    """The verdicts per depth, and the slope as a description: "better at every depth" only when
+    every paired depth's verdict is "better" (worse alike); nothing is said to grow or shrink."""
+    var, base = v.line.label, v.base.label
+    depths = [r.depth for r in v.rows if r.pairs]
+    said = {d: verdicts[d] for d in depths if verdicts and d in verdicts}
+    if said:
+        each = "; ".join(f"{_layers(d)}: {said[d]}" for d in depths if d in said)
+        kinds = set(said.values())
+        whole = (f" `{var}` is {kinds.pop()} than `{base}` at every depth by the verdicts."
+                 if len(said) == len(depths) and kinds in ({"better"}, {"worse"}) else "")
+        head = f"The report's verdicts of `{var}` against `{base}` per depth: {each}.{whole}"
+    else:
+        head = f"No verdict of `{var}` against `{base}` per depth is in this report."
+    return (f"{head} The least-squares slope of `{var}`'s advantage in {metric} on log2 depth is "
+            f"{num(v.trend, 3)} per doubling (positive = a larger advantage at greater depth); it is descriptive, "
+            "with no interval, and no trend is claimed from it.")

@@ -143,9 +143,9 @@ def shape_problem(rungs: list[Rung], x: str) -> str | None:
 
     rises = [(means[j] - means[i], i, j) for i in range(len(rs)) for j in range(i + 1, len(rs))
              if means[j] - means[i] > two_se(i, j)]
-    if rises:  # the largest rise beyond noise
+    if rises:  # the largest rise of more than 2 standard errors
         _, i, j = max(rises)
-        return (f"the metric rises with {WHAT.get(x.upper(), x)} beyond noise: {num(means[i], 4)} at "
+        return (f"the metric rises with {WHAT.get(x.upper(), x)} by more than 2 standard errors: {num(means[i], 4)} at "
                         f"{rs[i].label} -> {num(means[j], 4)} at {rs[j].label} (2 standard errors: "
                 f"{num(two_se(i, j), 2)}); a decreasing power law does not describe it")
     drop = means[0] - means[-1]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 
-from orchestrator.core.fmt import cell, num, sci, table
+from orchestrator.core.fmt import cell, cell_text, num, sci, table
 from orchestrator.report.scaling import depth
 from orchestrator.report.scaling.fits import BOOT_FAIL_MAX, CROSS_SPAN, Fit, Scaling, Versus
 from orchestrator.report.scaling.laws import HUBER_DELTA
 from orchestrator.report.scaling.rungs import Line
+from orchestrator.report.stats import rule
 
 __all__ = ["section"]
 FORMS = {"C": "L(C) = E + A * C^(-alpha), C = training FLOPs",
@@ -113,12 +114,15 @@ def _cross_text(v: Versus, s: Scaling) -> str:
     return f"`{v.line.label}` and `{v.base.label}`: the fitted curves cross at {', '.join(parts)}{share}."
 
 
-def depth_lines(views: list[depth.DepthView], metric: str, mode: str, margin=None) -> list[str]:
+def depth_lines(views: list[depth.DepthView], metric: str, mode: str, margin=None,
+                verdicts: dict | None = None) -> list[str]:
+    """``verdicts``: (variant, depth) -> the verdict of the report's per-depth table."""
     if not views:
         return []
     out = ["", "### Depth (fixed width)", "",
            f"`{metric}` against the number of layers, per variant, and the difference to the baseline at "
-           "each depth (paired over the seeds both have, bootstrap 95% CI). The plot is `depth.png` (see Plots).",
+           f"each depth (paired over the seeds both have, {rule.label(depth.LEVEL)} interval of one comparison: "
+           "the family-corrected verdicts are the per-depth tables above). The plot is `depth.png` (see Plots).",
            ""]
     for i, v in enumerate(views):
         out += [""] if i else []
@@ -131,12 +135,21 @@ def depth_lines(views: list[depth.DepthView], metric: str, mode: str, margin=Non
                 return f"{num(g.mean, 5)}{sd} (n={len(g.values)})"
             diff = "-" if math.isnan(r.diff) else f"{num(r.diff, 3)} [{num(r.ci[0], 3)}, {num(r.ci[1], 3)}]"
             rows.append([str(r.depth), ms(r.base), ms(r.var), diff])
-        out += table(["n_layers", f"{v.base.label} (baseline)", v.line.label, "difference [95% CI]"], rows)
-        out += [""] + [f"- {t}" for t in depth.statements(v, metric, mode, margin)]
+        out += table(["n_layers", f"{v.base.label} (baseline)", v.line.label,
+                      f"difference [{rule.label(depth.LEVEL)}]"], rows)
+        out += [""] + [f"- {t}" for t in depth.statements(v, metric, mode, margin, _of(verdicts, v))]
     return out
 
 
-def summary(s: Scaling, views: list[depth.DepthView], metric: str) -> list[str]:
+def _of(verdicts: dict | None, v: depth.DepthView) -> dict:
+    """One view's verdicts per depth, from (variant, depth) keys; none for a line split by another
+    factor (the per-depth verdicts pool that factor, so they are not this line's)."""
+    if v.line.rest:
+        return {}
+    return {d: x for (var, d), x in (verdicts or {}).items() if var == cell_text(v.line.value)}
+
+
+def summary(s: Scaling, views: list[depth.DepthView], metric: str, verdicts: dict | None = None) -> list[str]:
     """The findings in one place: multiplier at the largest rung, hold-out errors, depth trend."""
     out = []
     for v in s.versus:
@@ -158,7 +171,7 @@ def summary(s: Scaling, views: list[depth.DepthView], metric: str) -> list[str]:
                        f"the measured mean ({inside} the prediction's 95% CI).")
     for dv in views:
         if dv.trend is not None:
-            out.append("- " + depth.statements(dv, metric, s.mode)[-1])
+            out.append("- " + depth.trend_text(dv, metric, _of(verdicts, dv)))
     return (["", "### Summary", ""] + out + [""]) if out else [""]
 
 
@@ -175,7 +188,7 @@ COVERAGE_NOTE = ("a percentile bootstrap of seeds covers less than its 95% at th
 
 
 def section(s: Scaling, views: list[depth.DepthView], metric: str, axis: str, plot: str | None,
-            margin=None) -> list[str]:
+            margin=None, verdicts: dict | None = None) -> list[str]:
     lines = [res.line for res in s.lines]
     kinds = [k for k in ("C", "N", "ND") if any(k in res.fits for res in s.lines)]
     out = ["", "## Scaling", "",
@@ -209,8 +222,8 @@ def section(s: Scaling, views: list[depth.DepthView], metric: str, axis: str, pl
                 "10% of the bootstrap draws are infinite, the multiplier is not identifiable and the table says "
                 "why. The baseline's curve is extrapolated where that compute lies beyond its largest rung.",
                 ""] + vs
-    out += depth_lines(views, metric, s.mode, margin)
-    out += summary(s, views, metric)
+    out += depth_lines(views, metric, s.mode, margin, verdicts)
+    out += summary(s, views, metric, verdicts)
     if plot:
         out += [f"![Scaling fits]({plot})", "",
                 "Points: seeds; markers: rung means; lines: fits with bootstrap 95% bands; right: the multiplier "

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 
 from orchestrator.core import tracking
+from orchestrator.decide.intervals import paired_interval
 from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.report.build import build_report
 from orchestrator.report.scaling import fits
-from orchestrator.report.scaling.depth import statements, view
-from orchestrator.report.scaling.isoflop import at_budget
-from orchestrator.report.scaling.rungs import Line, Rung, draws
+from orchestrator.report.scaling.depth import statements, trend_text, view
+from orchestrator.report.scaling.isoflop import at_budget, iso_rows
+from orchestrator.report.scaling.rungs import Line, Rung
+from orchestrator.report.stats import rule
 
 LADDER = "scaling-test-ladder"
 ROUTERS = "scaling-test-routers"
@@ -129,10 +131,14 @@ def test_depth_view_matches_hand_computation(ladder):
     assert "### Depth (fixed width)" in sc
     # full at 16 layers: L_b(2 x 3 x 1.1 x 1.8e6 x 6400) = 2.3627 < none at 32 layers (2.391); at 8: 2.487
     assert "`full` reaches `none`'s 32-layer final/val_loss" in sc and "at 16 layers (2x shallower)" in sc
-    # the advantage L_b(C) - L_b(2.2 C) falls as C grows: it shrinks with depth
+    # the advantage L_b(C) - L_b(2.2 C) falls as C grows: a negative slope, said as a description only
     diffs = [np.mean([final_loss("full", d, s) - final_loss("none", d, s) for s in range(4)]) for d in DEPTHS]
     slope = -np.polyfit(np.log2(DEPTHS), diffs, 1)[0]
-    assert slope < 0 and f"in final/val_loss shrinks with depth: {float(f'{slope:.3g}'):g} per doubling" in sc
+    assert slope < 0 and f"on log2 depth is {float(f'{slope:.3g}'):g} per doubling" in sc
+    assert "no trend is claimed" in sc and "grows with depth" not in sc and "shrinks with depth" not in sc
+    assert "beyond noise" not in sc and "bootstrap 95% CI" not in sc.split("### Depth")[1]
+    # the sentences quote the per-depth verdict tables
+    assert "The report's verdicts of `full` against `none` per depth: 2 layers: " in sc
 
 
 def test_isoflop_section(ladder):
@@ -211,13 +217,50 @@ def test_depth_view_no_match_is_said():
         return ln
 
     base, var = line("none", [3.0, 2.8, 2.6], True), line("full", [2.95, 2.75, 2.62])
-    v = view(var, base, draws([base, var], 30, 0), "min")
+    v = view(var, base, "min")
     assert v.match is None and v.beats is None
     words = statements(v, "final/val_loss", "min")
     assert words[0] == ("`full` does not reach `none`'s 8-layer final/val_loss (2.6) at any depth up to 8; "
                         "its best is 2.62 at 8 layers.")
     # differences -0.05, -0.05, +0.02 at log2 depth 1, 2, 3: advantage slope -0.035 per doubling
-    assert v.trend[0] == pytest.approx(-0.035)
+    assert v.trend == pytest.approx(-0.035)
+    # no verdicts given: none quoted, and nothing said to grow or shrink
+    assert words[-1].startswith("No verdict of `full` against `none` per depth is in this report.")
+    assert "-0.035 per doubling" in words[-1] and "no trend is claimed" in words[-1]
+    # "better at every depth" only when every depth's verdict says so
+    mixed = trend_text(v, "final/val_loss", {2: "better", 4: "not decided", 8: "better"})
+    assert "2 layers: better; 4 layers: not decided; 8 layers: better." in mixed and "every depth" not in mixed
+    every = trend_text(v, "final/val_loss", {2: "better", 4: "better", 8: "better"})
+    assert "`full` is better than `none` at every depth by the verdicts." in every
+    assert "every depth" not in trend_text(v, "final/val_loss", {2: "better", 4: "better"})  # 8 has no verdict
+    # the per-depth interval is the verdict rule's at 95%, under the rule's name
+    d = np.array([2.95 + 0.01 * (s - 1) - (3.0 + 0.01 * (s - 1)) for s in range(3)])
+    assert v.rows[0].ci == (paired_interval(d, 0.95).low, paired_interval(d, 0.95).high)  # 3 seeds: the whole line
+    assert v.rows[0].ci == (-math.inf, math.inf)
+
+
+def test_iso_and_depth_labels_name_the_rule():
+    from orchestrator.report.scaling.isoflop import section as iso_section
+
+    assert rule.LABEL == "sign (median)" and rule.label(0.95) == "95% sign (median)"
+    # a paired change: the verdict rule's interval of the per-seed differences, not a bootstrap
+    base, var = Line("none", "none", (), is_baseline=True), Line("full", "full", ())
+    for ln, vals in ((base, [3.0, 3.1, 2.9, 3.05, 2.95, 3.0]), (var, [2.9, 3.05, 2.85, 2.9, 2.9, 2.96])):
+        ln.rungs.append(Rung(("4",), "", 1e9, 1e4, 1e6, dict(enumerate(vals)), {}))
+    steps = np.array([10.0, 20.0])
+    hist = {}
+    for ln in (base, var):
+        ln.rungs[0].runs = {s: (f"{ln.label}{s}", 1.0) for s in ln.rungs[0].values}
+        for s, v in ln.rungs[0].values.items():
+            hist[f"{ln.label}{s}"] = {"val/loss": (steps, np.array([v + 1.0, v]))}
+    rows = iso_rows([base, var], hist)
+    r = next(x for x in rows if not x.line.is_baseline)
+    d = np.array(list(var.rungs[0].values.values())) - np.array(list(base.rungs[0].values.values()))
+    # hand: the sign interval of the median at 6 seeds and 95% is [d_(1), d_(6)]: P(all 6 of one sign)
+    # = 2/64 = 0.031 <= 0.05, while [d_(2), d_(5)] would leave 2 x 7/64 = 0.22 outside
+    assert r.ci == pytest.approx((d.min(), d.max()))
+    text = "\n".join(iso_section(rows, "final/val/loss"))
+    assert "change vs baseline (paired, 95% sign (median))" in text and "bootstrap" not in text
 
 
 def frame(rows):

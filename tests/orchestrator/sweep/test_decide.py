@@ -112,11 +112,16 @@ def test_a_killed_driver_resumes_the_sequence(env, monkeypatch):
     assert list(record.decide_waves(params)) == [1, 2, 3, 4]
 
 
-def test_the_report_reads_the_sequence(env, monkeypatch):
+def test_the_report_reads_the_sequence(env, monkeypatch, capsys):
     from orchestrator.report.build import build_report
 
     monkeypatch.setattr(decide, "run_sweep", StandIn())
     decide.run_until_decided(decide.with_options(make_spec(env), True, "10", "0.5%"))
+    said = capsys.readouterr().out
+    # full's +-0.02 noise against a margin of 0.5% of ~3.07 (0.0154): out of reach at 10 seeds, said at look 1
+    first_margin = 0.005 * sum(value("none", s) for s in range(6)) / 6
+    assert f"look 1: full: the margin +-{first_margin:g} is out of reach at the cap of 10 seeds" in said
+    assert "first-4: the margin" not in said  # decided at the first look
     out = build_report("dec", out=env / "reports", log_to_mlflow=False).parent
     md = (out / "report.md").read_text()
     assert "## Sequential seeds" in md and "confidence sequence" in md and "Compute:" in md
@@ -127,6 +132,15 @@ def test_the_report_reads_the_sequence(env, monkeypatch):
     first4 = [r for r in rows if r["variant"] == "first-4"][0]
     assert first4["verdict"] == BETTER and first4["n_pairs"] == "8" and first4["estimand"] == "median"
     assert math.isfinite(float(first4["margin"]))  # 0.5% of the baseline's mean, fixed at the first look
+    # the margin the report applies is the waves' one: 0.5% of the baseline's mean over the first look's
+    # 6 seeds, not over the 10 it has at the end (full was not decided, so the baseline got more seeds)
+    first = 0.005 * sum(value("none", s) for s in range(6)) / 6
+    final = 0.005 * sum(value("none", s) for s in range(10)) / 10
+    assert abs(first - final) > 1e-6
+    margins = {float(r["margin"]) for r in rows if r["margin"]}
+    assert len(margins) == 1 and margins.pop() == pytest.approx(first, rel=1e-9)
+    assert "fixed from `report.margin` at the first look" in md
+    assert "(not valid after optional stopping)" in md and "Against a fixed design with the same cap" in md
     assert "dec" in status_text("dec") and "look 1" in status_text("dec")
 
 
