@@ -9,8 +9,9 @@ final FLOPs at the same rung (model size and training length) and other factors.
 
 A variant whose run ends before the budget (cheaper per step) would need an extrapolation; its
 cell says how far it got instead. Differences are paired by seed: the mean change, with the verdict
-rule's fixed-n interval at 95% (of the median change) (``orchestrator.report.stats.rule``, the one every report section prints; the
-percentile bootstrap of seeds used here before covered 75-89% at the shipped seed counts).
+rule's fixed-n interval at 95% of the median change (``orchestrator.report.stats.rule``, the one
+every report section prints; the percentile bootstrap of seeds used here before covered 75-89% at
+the shipped seed counts).
 """
 from __future__ import annotations
 
