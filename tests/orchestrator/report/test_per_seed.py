@@ -1,6 +1,7 @@
 """per_seed.csv: every interval of a summary.csv is recomputed from the samples beside it (the
-report's interval function for the exact numbers; numpy and scipy for the mean, sd and the t part
-that the interval must contain), for a synthetic report and every committed report that has one.
+verdict's sign interval of the median written out again with scipy's binomial; the mean's
+interval beside it by its function, with numpy and scipy for the mean, sd and the t part it must
+contain), for a synthetic report and every committed report that has one.
 And the report's "Unstable trials" section: a spike-tagged and a diverged trial are listed, and
 the sensitivity line names the verdict that moves without them."""
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 import scipy.stats as sps
 
 from orchestrator.core import tracking
+from orchestrator.decide import signs
 from orchestrator.decide.intervals import paired_interval
 from orchestrator.decide.sequential import confidence_sequence
 from orchestrator.decide.verdict import BETTER, UNDECIDED
@@ -27,6 +29,23 @@ SUMMARIES = sorted((ROOT / "results").glob("*/summary.csv"))
 
 def _f(x: str) -> float:
     return float(x) if x not in ("", None) else math.nan
+
+
+def sign_interval(d: np.ndarray, level: float) -> tuple[float, float]:
+    """The median's sign interval written out again: [d_(k), d_(n+1-k)] for the largest k with
+    P(Bin(n, 1/2) < k) on both sides at most 1 - level (scipy's binomial)."""
+    n, k = len(d), 0
+    while k < (n + 1) // 2 and 2 * sps.binom.cdf(k, n, 0.5) <= (1 - level) * (1 + 1e-12):
+        k += 1
+    s = np.sort(d)
+    return (-math.inf, math.inf) if k == 0 else (float(s[k - 1]), float(s[n - k]))
+
+
+def check_mean(row: dict, iv) -> None:
+    """The mean's interval printed beside the verdict's (columns mean_ci_low/high), where it has one."""
+    if _f(row.get("mean_ci_low")) == _f(row.get("mean_ci_low")):  # not NaN
+        assert (iv.low, iv.high) == (pytest.approx(_f(row["mean_ci_low"]), rel=1e-8, abs=1e-12),
+                                     pytest.approx(_f(row["mean_ci_high"]), rel=1e-8, abs=1e-12))
 
 
 def check_intervals(folder: Path) -> int:
@@ -50,13 +69,16 @@ def check_intervals(folder: Path) -> int:
             assert np.std(d, ddof=1) == pytest.approx(float(row["diff_sd"]), rel=1e-8, abs=1e-12)
         level = float(row["ci_level"])
         if row.get("seeds_design") == "sequential":
-            iv = confidence_sequence(d, level)
+            mean_iv = confidence_sequence(d, level)
+            verdict_iv = signs.sign_sequence(d, level)  # checked against a numeric integration in test_signs.py
         else:
-            iv = paired_interval(d, level, int(mine[0]["resample_seed"]))
-            if len(d) > 1 and np.std(d, ddof=1) > 0:  # the hull contains Student's t interval
+            mean_iv = paired_interval(d, level, int(mine[0]["resample_seed"]))
+            if len(d) > 1 and np.std(d, ddof=1) > 0:  # the mean's hull contains Student's t interval
                 t_lo, t_hi = sps.t.interval(level, len(d) - 1, loc=d.mean(), scale=sps.sem(d))
-                assert lo <= t_lo + 1e-9 * (1 + abs(t_lo)) and hi >= t_hi - 1e-9 * (1 + abs(t_hi))
-        assert (iv.low, iv.high) == (pytest.approx(lo, rel=1e-8, abs=1e-12), pytest.approx(hi, rel=1e-8, abs=1e-12))
+                assert mean_iv.low <= t_lo + 1e-9 * (1 + abs(t_lo)) and mean_iv.high >= t_hi - 1e-9 * (1 + abs(t_hi))
+            verdict_iv = sign_interval(d, level)
+        assert verdict_iv == (pytest.approx(lo, rel=1e-8, abs=1e-12), pytest.approx(hi, rel=1e-8, abs=1e-12))
+        check_mean(row, mean_iv)
         checked += 1
     return checked + check_pairs(folder, samples, summary)
 
@@ -80,13 +102,10 @@ def check_pairs(folder: Path, samples: list[dict], summary: list[dict]) -> int:
         assert len(d) == int(row["n_pairs"])
         assert d.mean() == pytest.approx(float(row["diff_mean"]), rel=1e-8, abs=1e-12)
         level = float(row["ci_level"])
-        if not sequential and len(d) > 16:  # Monte-Carlo flips follow the blocks' order: the t part only
-            t_lo, t_hi = sps.t.interval(level, len(d) - 1, loc=d.mean(), scale=sps.sem(d))
-            assert lo <= t_lo + 1e-9 * (1 + abs(t_lo)) and hi >= t_hi - 1e-9 * (1 + abs(t_hi))
-            checked += 1
-            continue
-        iv = confidence_sequence(d, level) if sequential else paired_interval(d, level, seed)
-        assert (iv.low, iv.high) == (pytest.approx(lo, rel=1e-8, abs=1e-12), pytest.approx(hi, rel=1e-8, abs=1e-12))
+        verdict_iv = signs.sign_sequence(d, level) if sequential else sign_interval(d, level)
+        assert verdict_iv == (pytest.approx(lo, rel=1e-8, abs=1e-12), pytest.approx(hi, rel=1e-8, abs=1e-12))
+        if sequential or len(d) <= 16:  # beyond, Monte-Carlo flips follow the blocks' order
+            check_mean(row, confidence_sequence(d, level) if sequential else paired_interval(d, level, seed))
         checked += 1
     return checked
 
