@@ -144,7 +144,8 @@ def test_the_depth_mix_alias_names_the_model_field():
     ({"paper": "Table 1"}, "report.paper: must be a short reference name of a paper table: lowercase letters, "
                            "digits and '-' (such as table-1), got 'Table 1'"),
     ({"paper": 1}, "report.paper: must be a short reference name"),
-    ({"alpah": 0.1}, "report.alpah: unknown key; allowed: alpha, axis, baseline, final_evals, margin, metric, mode, paper, tune"),
+    ({"alpah": 0.1}, "report.alpah: unknown key; allowed: alpha, axis, baseline, final_evals, margin, metric, mode, "
+                     "paper, tune"),
 ])
 def test_bad_report_settings_are_one_line(report, expect):
     msg = _error({"router": ["none", "full"], "lr": [1e-3, 3e-3], "seed": [0, 1]}, report=report)
