@@ -37,6 +37,7 @@ from orchestrator.decide.verdict import (  # noqa: F401 - the report's vocabular
     improvement,
     metric_mode,
 )
+from orchestrator.report.stats.verdict_power import MAX_SEEDS, verdict_seeds
 
 
 def min_seeds_to_decide(m: int, alpha: float, sequential: bool = False) -> int:
@@ -80,8 +81,10 @@ def sentence(row: Any, baseline: Any, alpha: float, mode: str, m: int) -> str:
     if row.verdict in (BETTER, WORSE):
         small = (f"; the whole interval lies inside the margin +-{num(row.margin, 3)}: a real difference smaller "
                  "than the sweep calls negligible" if row.within_margin else "")
-        return (f"- {name}: {row.verdict} than {base} at alpha {alpha:g}: {change}, {row.n} seeds (paired "
-                f"permutation p = {num(row.p_perm, 3)}); {spread}{small}.")
+        # a fixed-n p-value means nothing after seeds were added until decided: the sequence's interval says it
+        test = "" if sequential else f" (paired permutation p = {num(row.p_perm, 3)})"
+        return (f"- {name}: {row.verdict} than {base} at alpha {alpha:g}: {change}, {row.n} seeds{test}; "
+                f"{spread}{small}.")
     if row.verdict == EQUIVALENT:
         return (f"- {name}: equivalent to {base} within the margin +-{num(row.margin, 3)}: {change} lies inside it "
                 f"(two one-sided tests, each at {alpha / (2 * m):.3g}), {row.n} seeds; {spread}.")
@@ -91,7 +94,18 @@ def sentence(row: Any, baseline: Any, alpha: float, mode: str, m: int) -> str:
            f"{num(row.mde, 3)} ({abs(row.mde_pct):.2f}% of the baseline)")
     return (f"- {name}: not decided against {base} at alpha {alpha:g} ({row.n} seeds): {change} holds 0"
             f"{margin}. The smallest difference this design decides with 80% power (normal differences) is "
-            f"{mde}; {spread}.")
+            f"{mde}; {spread}. {seeds_to_decide(row)}")
+
+
+def seeds_to_decide(row: Any) -> str:
+    """How many seeds per arm would decide a not-decided comparison if its observed effect were true."""
+    dz = abs(float(getattr(row, "d_z", math.nan)))
+    if not (math.isfinite(dz) and dz > 0):
+        return ""
+    n = verdict_seeds(float(row.confidence), dz)
+    need = f"{n} seeds per arm" if n is not None else f"more than {MAX_SEEDS} seeds per arm"
+    return (f"Were the observed effect (d_z {dz:.2f}) the true one, the rule would decide it with 80% power at "
+            f"{need} (normal differences; `lime plan` sizes a design).")
 
 
 def pair_sentence(p: Any, alpha: float) -> str:

@@ -86,7 +86,27 @@ def header(r: ReportData) -> list[str]:
              f"{base}; samples are seeds; design: {r.paired.design}; alpha {r.comp.alpha:g}"]
     if r.comp.baseline is not None:
         lines.append(f"- Baseline {base}: {baseline_setup(r.sdf, r.axis, r.comp.baseline, r.tuned)}")
-    return lines
+    return lines + measurement(r)
+
+
+def measurement(r: ReportData) -> list[str]:
+    """The validation set's own noise beside the seeds' (issue 34): its standard error over windows,
+    logged by every trial as ``final/val_loss_se``, against the baseline's seed-to-seed sd."""
+    se_col = r.metric + "_se"
+    if se_col not in r.sdf.columns or r.comp.baseline is None:
+        return []
+    fin = r.sdf[r.sdf["status"] == TrialStatus.FINISHED]
+    se = pd.to_numeric(fin[se_col], errors="coerce").dropna()
+    if se.empty:
+        return []
+    base = pd.to_numeric(fin[fin[r.axis].map(lambda v: same_value(v, r.comp.baseline))][r.metric], errors="coerce")
+    tokens = " / ".join(str(v) for v in _values(fin, "params.data.val_tokens"))
+    size = f" of {tokens} tokens (`data.val_tokens`)" if tokens else ""
+    sd = f"; the baseline's seed-to-seed sd {num(base.std(ddof=1), 3)}" if base.notna().sum() > 1 else ""
+    return [f"- Measurement: one validation set{size} for every trial; its standard error over windows "
+            f"(`{se_col}`) is {num(se.median(), 3)} (median over trials){sd}. The set is the same for every "
+            "trial, so its error shifts every variant alike; a paired difference sees only the part in which "
+            "two models differ window by window (docs/CONFIG.md measures it)"]
 
 
 def _values(part: pd.DataFrame, col: str) -> list[Any]:

@@ -129,3 +129,39 @@ def test_pooled_sweeps_share_one_family(tmp_path, monkeypatch):
     md = (out / "report.md").read_text()
     assert "Confirmation" in md and "### pool-a" in md and "### pool-b" in md
     assert main(["report", "--pool", "pool-a"]) == 2 and main(["report", "x", "--pool", "pool-a,pool-b"]) == 2
+
+
+def test_the_report_states_the_validation_sets_noise_and_the_seeds_a_verdict_needs(tmp_path, monkeypatch):
+    """Issue 34: the eval's own standard error beside the seed sd; a not-decided comparison says how
+    many seeds would decide its observed effect (the sign rule's power written out with scipy)."""
+    import numpy as np
+    import scipy.stats as sps
+
+    cl = _store(tmp_path, monkeypatch, "iv-se", {"none": (0.0, 0.0), "full": (-0.004, 0.01)})
+    runs = cl.search_runs([cl.get_experiment_by_name("iv-se").experiment_id], "tags.sweep_role = 'trial'")
+    ses = [0.01 + 0.001 * i for i in range(len(runs))]
+    for run, se in zip(runs, ses):
+        cl.log_metric(run.info.run_id, "final/val_loss_se", se, step=0)
+    out = build_report("iv-se", out=tmp_path / "r", log_to_mlflow=False).parent
+    md = (out / "report.md").read_text()
+    base = [3.0 + off for off in OFFSETS]  # the baseline's values (no shift, no jitter)
+    assert (f"its standard error over windows (`final/val_loss_se`) is {float(np.median(ses)):.3g} (median over "
+            f"trials); the baseline's seed-to-seed sd {float(np.std(base, ddof=1)):.3g}") in md
+    # full: differences -0.004 + 0.01 x NOISE: d_z = mean / sd, and the fewest n at which the 95% sign
+    # interval (one comparison in the family) excludes 0 with probability >= 0.8 for N(d_z, 1) differences
+    d = np.array([-0.004 + 0.01 * x for x in NOISE])
+    dz = abs(d.mean() / d.std(ddof=1))
+
+    def power(n: int) -> float:
+        k = 0
+        while k < (n + 1) // 2 and 2 * sps.binom.cdf(k, n, 0.5) <= 0.05 * (1 + 1e-12):
+            k += 1
+        if k == 0:
+            return 0.0
+        p = sps.norm.cdf(dz)
+        return sps.binom.sf(n - k, n, p) + sps.binom.sf(n - k, n, 1 - p)
+
+    need = next((n for n in range(2, 201) if power(n) >= 0.8), None)
+    words = f"{need} seeds per arm" if need is not None else "more than 200 seeds per arm"
+    assert (f"Were the observed effect (d_z {dz:.2f}) the true one, the rule would decide it with 80% power at "
+            f"{words}") in md
