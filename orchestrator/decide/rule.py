@@ -33,6 +33,9 @@ from orchestrator.decide.verdict import UNTESTED, Verdict, verdict
 MEDIAN, MEAN = "median", "mean"
 ROBUST_Z = 4.0
 MAD_SCALE = 1.4826  # MAD -> sd for normal data
+# below 5 differences the MAD is the smaller of two gaps (n = 3) or near it, so a robust z of 40 is
+# ordinary: no seed is called an outlier there
+MIN_OUTLIER_N = 5
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,8 @@ def untested(d: np.ndarray) -> str:
 
 
 def flag(d: np.ndarray, seeds: Sequence | None = None) -> str:
-    """Outliers (robust z > 4, seeds named) and strong skew (|G1| > 2 se); "" for neither."""
+    """Outliers (robust z > 4, seeds named; from 5 differences on) and strong skew (|G1| > 2 se); ""
+    for neither."""
     d = np.asarray(d, np.float64)
     n = len(d)
     if n < 3 or not np.all(np.isfinite(d)):
@@ -69,7 +73,7 @@ def flag(d: np.ndarray, seeds: Sequence | None = None) -> str:
     if scale == 0:  # more than half the values equal: the mean absolute deviation (Iglewicz-Hoaglin)
         scale = 1.2533 * float(np.mean(np.abs(d - med)))
     out = []
-    if scale > 0:
+    if scale > 0 and n >= MIN_OUTLIER_N:
         z = (d - med) / scale
         hits = [f"{seeds[i]} (z {z[i]:+.1f})" for i in np.flatnonzero(np.abs(z) > ROBUST_Z)]
         if hits:

@@ -81,6 +81,10 @@ def test_the_rule_decides_the_median_with_the_mean_beside_it():
     assert "outlier: seed 17" in r.flag and "skew" in r.flag
     r6 = rule.decide(np.array([-0.05, -0.04, -0.06, -0.05, -0.03, -0.07]), 0.95, "min")
     assert r6.verdict.word == BETTER and r6.flag == ""
+    # 3 differences: the MAD is the smaller gap (0.001 here), so z = 0.099 / (1.4826 x 0.001) = 67 says
+    # nothing: no outlier below 5 differences
+    assert "outlier" not in rule.flag(np.array([0.0, 0.001, 0.1]))
+    assert "outlier: seed 4" in rule.flag(np.array([0.0, 0.001, -0.001, 0.002, 0.1]))
 
 
 def test_skewness_and_its_standard_error_match_scipy_and_the_textbook():
