@@ -9,6 +9,7 @@ from typing import Any
 import pandas as pd
 
 from orchestrator.core.fmt import cell_text, norm_value, num, order_key, same_value
+from orchestrator.core.keys import FACTORS
 from orchestrator.core.status import TrialStatus
 from orchestrator.decide import signs
 from orchestrator.decide.families import FAMILY_NOTE
@@ -91,7 +92,8 @@ def header(r: ReportData) -> list[str]:
 
 def measurement(r: ReportData) -> list[str]:
     """The validation set's own noise beside the seeds' (issue 34): its standard error over windows,
-    logged by every trial as ``final/val_loss_se``, against the baseline's seed-to-seed sd."""
+    logged by every trial as ``final/val_loss_se``, against the baseline's seed-to-seed sd (within the
+    cells of other varying factors: a depth ladder's depths are not seed noise)."""
     se_col = r.metric + "_se"
     if se_col not in r.sdf.columns or r.comp.baseline is None:
         return []
@@ -99,14 +101,27 @@ def measurement(r: ReportData) -> list[str]:
     se = pd.to_numeric(fin[se_col], errors="coerce").dropna()
     if se.empty:
         return []
-    base = pd.to_numeric(fin[fin[r.axis].map(lambda v: same_value(v, r.comp.baseline))][r.metric], errors="coerce")
+    part = fin[fin[r.axis].map(lambda v: same_value(v, r.comp.baseline))]
     tokens = " / ".join(str(v) for v in _values(fin, "params.data.val_tokens"))
     size = f" of {tokens} tokens (`data.val_tokens`)" if tokens else ""
-    sd = f"; the baseline's seed-to-seed sd {num(base.std(ddof=1), 3)}" if base.notna().sum() > 1 else ""
+    sd = seed_sd(part, r.metric, [c for c in FACTORS if c != r.axis and len(_values(part, c)) > 1])
+    sd = f"; the baseline's seed-to-seed sd {num(sd, 3)}" if sd == sd else ""
     return [f"- Measurement: one validation set{size} for every trial; its standard error over windows "
             f"(`{se_col}`) is {num(se.median(), 3)} (median over trials){sd}. The set is the same for every "
             "trial, so its error shifts every variant alike; a paired difference sees only the part in which "
             "two models differ window by window (docs/CONFIG.md measures it)"]
+
+
+def seed_sd(part: pd.DataFrame, metric: str, cells: list[str]) -> float:
+    """The sd across seeds within the cells that other varying factors (depth, lr) make, pooled
+    (root of the mean within-cell variance, weighted by degrees of freedom); NaN with no two seeds."""
+    groups = part.groupby([part[c].map(lambda v: str(norm_value(v))) for c in cells]) if cells else [((), part)]
+    ss, df = 0.0, 0
+    for _, g in groups:
+        x = pd.to_numeric(g[metric], errors="coerce").dropna()
+        if len(x) > 1:
+            ss, df = ss + float(((x - x.mean()) ** 2).sum()), df + len(x) - 1
+    return (ss / df) ** 0.5 if df else float("nan")
 
 
 def _values(part: pd.DataFrame, col: str) -> list[Any]:

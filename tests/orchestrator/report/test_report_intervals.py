@@ -165,3 +165,29 @@ def test_the_report_states_the_validation_sets_noise_and_the_seeds_a_verdict_nee
     words = f"{need} seeds per arm" if need is not None else "more than 200 seeds per arm"
     assert (f"Were the observed effect (d_z {dz:.2f}) the true one, the rule would decide it with 80% power at "
             f"{words}") in md
+
+
+def test_the_seed_sd_beside_the_eval_se_is_taken_within_depths(tmp_path, monkeypatch):
+    """A depth ladder's depths are not seed noise: the baseline's sd is pooled within each depth."""
+    import numpy as np
+
+    cl = _store(tmp_path, monkeypatch, "iv-se-depth", {"none": (0.0, 0.0), "full": (-0.05, 0.01)}, depths=(2, 4))
+    runs = cl.search_runs([cl.get_experiment_by_name("iv-se-depth").experiment_id], "tags.sweep_role = 'trial'")
+    for run in runs:
+        cl.log_metric(run.info.run_id, "final/val_loss_se", 0.02, step=0)
+    md = (build_report("iv-se-depth", out=tmp_path / "r", log_to_mlflow=False).parent / "report.md").read_text()
+    # the baseline's values at each depth are 3.0 + OFFSETS (its shift is 0): pooled within depths the sd
+    # is sd(OFFSETS); all 16 values in one sample would give sd(OFFSETS) x sqrt(14/15) (seed_sd below)
+    assert f"the baseline's seed-to-seed sd {float(np.std(OFFSETS, ddof=1)):.3g}" in md
+
+
+def test_seed_sd_pools_within_cells():
+    import numpy as np
+    import pandas as pd
+
+    from orchestrator.report.render.sections import seed_sd
+
+    df = pd.DataFrame({"n_layers": [2, 2, 2, 8, 8, 8], "m": [1.0, 1.1, 1.2, 3.0, 3.4, 3.8]})
+    within = np.sqrt((np.var([1.0, 1.1, 1.2], ddof=1) * 2 + np.var([3.0, 3.4, 3.8], ddof=1) * 2) / 4)
+    assert seed_sd(df, "m", ["n_layers"]) == pytest.approx(within)
+    assert seed_sd(df, "m", []) == pytest.approx(np.std(df["m"], ddof=1))  # no other factor: all seeds
