@@ -14,7 +14,8 @@ multiply-accumulates of
     connections n*C + n^2*C + n*C per sublayer and the final sum of the streams, the value
     residual's 2*R*Hd per layer >= 1; mHC's one projection of the flattened streams
     n*C*n(n+2) and the same width and depth connections per sublayer (its Sinkhorn rounds,
-    O(iters n^2), are left out like a softmax); AttnRes's 2*C per source of every reader (scores
+    O(iters n^2), are left out like a softmax; ``mhc-readout``'s learned readout n*C*n + n*C
+    replaces the final sum); AttnRes's 2*C per source of every reader (scores
     and weighted sum); MUDDFormer's dense-weight MLP C*h + h*ways*S and its mixtures ways*S*C
     after each block.
   - the dynamic router's scores, q . key for every routed head and source head (R * |S_l|R * Hd),

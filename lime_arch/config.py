@@ -88,7 +88,7 @@ class ModelConfig:
     # residual stream), "denseformer[-<dilation>[-<period>]]", "hyper-connections[-<rate>]",
     # "hyper-connections-static[-<rate>]", "hyper-connections-corl[-<rate>]", "value-residual",
     # "value-residual-learned", "attn-res", "attn-res-block[-<size>]",
-    # "mhc[-<rate>[-<iters>[-<post_gain>]]]", "mhc-sigmoid[-...]", "mudd".
+    # "mhc[-<rate>[-<iters>[-<post_gain>]]]", "mhc-sigmoid[-...]", "mhc-readout[-...]", "mudd".
     depth_mix: str = "none"
     router_init: str = "paper"
     attn_impl: str = "sdpa"

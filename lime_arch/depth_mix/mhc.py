@@ -12,11 +12,22 @@ computed from ONE linear map of the flattened streams (the paper's Eqs. 7-8):
   H_pre = sigmoid(H~pre),  H_post = g sigmoid(H~post),  H_res = SinkhornKnopp(exp(H~res))
   h = H_pre H  (the sublayer's input),   H' = H_post^T sublayer(h) + H_res H
 with phi = [phi_pre | phi_post | phi_res] (nC, n(n+2)), scalars a, and biases b, per sublayer.
-Sinkhorn-Knopp alternates normalising the rows and the columns of the positive matrix, ``iters``
-times (the paper: 20); row i of H_res is what new stream i takes from the old streams, so the
-last (column) normalisation makes every old stream hand on exactly its whole mass.
+Sinkhorn-Knopp, as the paper's Eq. 9 writes it, M(t) = T_r(T_c(M(t-1))): each of the ``iters``
+rounds (the paper: 20) normalises the columns of the positive matrix, then its rows. Row i of
+H_res is what new stream i takes from the old streams, so the last (row) normalisation makes
+every new stream an exact convex combination of the old ones; the column sums reach 1 only in
+the limit (within 1e-10 after 20 rounds at moderate logits). The order matters at few rounds
+(logits differ by up to 6e-2 at 1-3 rounds) and a little at 20 (6e-5..8e-4 measured).
 
 Arguments: ``mhc[-<rate>[-<iters>[-<post_gain>]]]``, defaults 4 streams, 20 iterations, g = 2.
+The streams are summed before the final norm (the paper's Section 4 leaves the readout open);
+``mhc-readout`` (same arguments) combines them as DeepSeek-V4's released code does (its hc_head),
+with learned per-token weights from one more linear map of the flattened streams:
+  w = sigmoid(a_out (RMSNorm(vec(H)) phi_out) + b_out)  (n,),   final = w^T H      (B, T, C)
+phi_out (nC, n) zero, a_out = 0.01 and b_out = 0 at init (w = 1/2 per stream, so the final norm
+sees (n/2) x: the baseline up to the norm eps, as with the sum); DeepSeek-V4's small eps added to
+w is left out like the other kernel guards. Per-block analysis (``hidden``) reads the streams
+through the same readout.
 Where public ports differ, the choice is named:
   - the factor 2 on H_post (``post_gain``): the paper and DeepSeek-V4's reference kernel have it,
     Hugging Face transformers' DeepseekV4HyperConnection omits it: ``mhc-4-20-1``;
@@ -38,7 +49,7 @@ streams' symmetry, as HC's a_m does (with symmetric biases the streams would sta
 
 Precision: the coefficients are computed in fp32 (or the streams' dtype if wider) with autocast
 off, as the paper prescribes; the streams mix in their own dtype (fp32 under bf16 autocast).
-Weight decay: phi (``proj``) decays like every weight matrix; a and b take none.
+Weight decay: phi (``proj``, and ``readout_proj``) decays like every weight matrix; a and b take none.
 
 No torch at the top of this module (the classes are also the declarations a config check reads:
 ``lime_arch.depth_mix.registry``), so the functions and methods that call torch import it.
@@ -59,10 +70,11 @@ MAX_SINKHORN_ROUNDS = 1000  # 50 times the paper's: more is a typo, and hours of
 
 
 def sinkhorn_knopp(M: Tensor, iters: int) -> Tensor:
-    """``iters`` rounds of row then column normalisation of a positive (..., n, n) matrix."""
+    """``iters`` rounds of column then row normalisation of a positive (..., n, n) matrix (the
+    paper's Eq. 9: T_r(T_c(M)) per round; the rows sum to 1 exactly on return)."""
     for _ in range(iters):
-        M = M / M.sum(-1, keepdim=True)  # rows sum to 1
         M = M / M.sum(-2, keepdim=True)  # columns sum to 1
+        M = M / M.sum(-1, keepdim=True)  # rows sum to 1
     return M
 
 
@@ -91,6 +103,8 @@ class ManifoldHyperConnections(DepthMix):
     post_gain: float
     # the positive map of H~res before the Sinkhorn normalisation (the paper: exp)
     positive: ClassVar[Callable[[Tensor], Tensor]] = staticmethod(_exp)
+    # the final readout: False, the sum of the streams; True, DeepSeek-V4's learned weights
+    learned_readout: ClassVar[bool] = False
 
     def __init__(self, **kw):
         import torch
@@ -105,6 +119,10 @@ class ManifoldHyperConnections(DepthMix):
             bias[k, k % n] = 1.0
             bias[k, 2 * n:] = torch.eye(n).flatten()
         self.bias = nn.Parameter(bias)
+        if self.learned_readout:  # DeepSeek-V4's hc_head: phi_out, a_out, b_out
+            self.readout_proj = nn.Parameter(torch.zeros(n * C, n))
+            self.readout_gate = nn.Parameter(torch.full((1,), 0.01))
+            self.readout_bias = nn.Parameter(torch.zeros(n))
 
     @classmethod
     def check(cls, args: dict, n_layers: int) -> str | None:
@@ -116,10 +134,11 @@ class ManifoldHyperConnections(DepthMix):
     @classmethod
     def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
         n, K = args["rate"], 2 * n_layers
-        return K * (n * d_model * n * (n + 2) + 3 + n * (n + 2))  # phi, the gates, the biases per sublayer
+        readout = n * d_model * n + 1 + n if cls.learned_readout else 0  # phi_out, a_out, b_out
+        return K * (n * d_model * n * (n + 2) + 3 + n * (n + 2)) + readout  # phi, the gates, the biases per sublayer
 
     def decays(self, name: str) -> bool:
-        return name.startswith("proj.")
+        return name.startswith("proj.") or name == "readout_proj"
 
     def coefficients(self, k: int, H: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """H_pre (B, T, n), H_post (B, T, n), H_res (B, T, n, n) of sublayer k, in fp32 or wider."""
@@ -151,15 +170,27 @@ class ManifoldHyperConnections(DepthMix):
         return self.hidden(H)
 
     def hidden(self, H: Tensor) -> Tensor:
-        return H.sum(-2)  # the sum of the streams, what the final norm reads: (B, T, C)
+        """What the final norm reads: (B, T, C), the sum of the streams or the learned readout."""
+        if not self.learned_readout:
+            return H.sum(-2)
+        import torch
+
+        with _full_precision(H):
+            x = H.flatten(-2).to(torch.promote_types(H.dtype, torch.float32))  # vec(H): (B, T, nC)
+            x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.norm_eps)
+            m = x @ self.readout_proj.to(x.dtype)  # (B, T, n)
+            w = torch.sigmoid(self.readout_gate.to(x.dtype) * m + self.readout_bias.to(x.dtype))
+            return (w.to(H.dtype).unsqueeze(-2) @ H).squeeze(-2)  # w^T H
 
     def macs_per_token(self) -> int:
         """x' phi n*C*n(n+2), H_pre H n*C, H_res H n*n*C, H_post^T y n*C per sublayer, and the final sum
-        of the streams; the Sinkhorn rounds (2 iters n^2 divisions), norms and sigmoids are left out
-        like every norm and softmax (O(n^2) per token)."""
+        of the streams (the learned readout: x' phi_out n*C*n and w^T H n*C); the Sinkhorn rounds
+        (2 iters n^2 divisions), norms and sigmoids are left out like every norm and softmax (O(n^2)
+        per token)."""
         n, C = self.rate, self.d_model
         per_sublayer = n * C * n * (n + 2) + n * C + n * n * C + n * C
-        return 2 * self.n_layers * per_sublayer + (n - 1) * C
+        readout = n * C * n + n * C if self.learned_readout else (n - 1) * C
+        return 2 * self.n_layers * per_sublayer + readout
 
 
 @register_depth_mix("mhc-sigmoid")
@@ -169,3 +200,11 @@ class SigmoidManifoldHyperConnections(ManifoldHyperConnections):
     the factor 2 on H_post, that port as it is)."""
 
     positive = staticmethod(_sigmoid)
+
+
+@register_depth_mix("mhc-readout")
+class ReadoutManifoldHyperConnections(ManifoldHyperConnections):
+    """mHC whose final streams are combined with learned per-token weights (DeepSeek-V4's hc_head)
+    instead of summed; see the module docstring."""
+
+    learned_readout = True

@@ -1,6 +1,7 @@
 """``LimeConfig``: a LIMe model's ``lime_arch.ModelConfig`` (names and numbers) as a transformers
 config (``model_type: lime``), with the standard names tools read (vocabulary, context, width,
-depth, heads, tied embeddings, special tokens). Copied into export folders as
+depth, heads, tied embeddings, special tokens) and ``lime_code``, the ``lime_arch`` it was
+exported with (``lime_arch.code_version``; checked on load). Copied into export folders as
 ``configuration_lime.py``."""
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from transformers import PretrainedConfig
 class LimeConfig(PretrainedConfig):
     model_type = "lime"
 
-    def __init__(self, lime: dict | None = None, **kwargs):
+    def __init__(self, lime: dict | None = None, lime_code: dict | None = None, **kwargs):
         self.lime = dict(lime or {})  # lime_arch.ModelConfig.to_dict()
+        self.lime_code = dict(lime_code) if lime_code else None  # lime_arch.code_version.code_version()
         m = self.lime
         for name, key in (("vocab_size", "vocab_size"), ("max_position_embeddings", "max_seq_len"),
                           ("hidden_size", "d_model"), ("num_hidden_layers", "n_layers"),

@@ -10,8 +10,13 @@ export folders as ``modeling_lime.py``; needs ``lime_arch`` (this project) impor
   cache is not transformers' cache object); correct, and fast enough for evaluation-sized models.
 - The state dict is the decoder's under ``model.``; with tied embeddings ``model.lm_head.weight``
   is ``model.embed.weight``.
+- Building it checks the installed ``lime_arch`` against the one the export recorded
+  (``config.lime_code``; ``lime_arch.code_version``): other model code gives one line as a
+  ``LimeCodeVersionWarning``, since the logits may differ from the trained model's.
 """
 from __future__ import annotations
+
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +28,11 @@ from lime_arch.model import LIMeDecoder, rope_cache
 
 from .configuration_lime import LimeConfig
 
+try:  # a lime_arch older than the version records cannot check; say so on load instead of failing
+    from lime_arch import code_version
+except ImportError:  # pragma: no cover - only with an old lime_arch installed
+    code_version = None
+
 
 class LimeForCausalLM(PreTrainedModel, GenerationMixin):
     config_class = LimeConfig
@@ -32,6 +42,7 @@ class LimeForCausalLM(PreTrainedModel, GenerationMixin):
 
     def __init__(self, config: LimeConfig):
         super().__init__(config)
+        _check_code(getattr(config, "lime_code", None))
         self.model = LIMeDecoder(ModelConfig.from_dict(config.lime))
         if config.tie_word_embeddings:
             self._tied_weights_keys = {"model.lm_head.weight": "model.embed.weight"}
@@ -73,3 +84,13 @@ class LimeForCausalLM(PreTrainedModel, GenerationMixin):
 
     def prepare_inputs_for_generation(self, input_ids, attention_mask=None, **kwargs):
         return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def _check_code(recorded: dict | None) -> None:
+    if code_version is None:
+        warnings.warn("the installed lime_arch predates code version records: cannot check that it is the code "
+                      "this model was exported with", UserWarning, stacklevel=3)
+        return
+    problem = code_version.check(recorded)
+    if problem:
+        warnings.warn(problem, code_version.LimeCodeVersionWarning, stacklevel=3)

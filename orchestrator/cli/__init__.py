@@ -155,7 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("targets", nargs="+", help="MLflow run ids or checkpoint files or folders (several: the seeds "
                                                "of one variant, with a paired interval of the loss change)")
     pr.add_argument("--top-p", type=float, required=True, help="the |weight| share kept per routed head, e.g. 0.9")
-    pr.add_argument("--no-renormalize", action="store_true", help="do not rescale the kept weights of a row")
+    pr.add_argument("--no-renormalize", action="store_true",
+                    help="mask only: do not rescale a row's kept weights to its |weight| mass (the paper's default)")
     pr.add_argument("--save", metavar="DIR", help="write the pruned model(s) as checkpoints (several: DIR/<label>)")
     pr.add_argument("--out", help="the markdown summary (default $LIME_RESULTS/prune/top_p_<p>.md)")
     pr.add_argument("--margin", type=float, help="equivalence margin of the loss change, in nats")

@@ -4,8 +4,10 @@
 trial's own validation batches (those the trainer evaluates: a corpus's ``data.val_tokens`` in
 windows of ``seq_len``, a task's ``train.eval_batches`` x ``train.batch_size`` examples), prunes
 every layer's router weights at ``top_p`` (``lime_arch.prune``:
-per routed head the smallest prefix of |w| share above ``top_p``, renormalised) and measures it
-again. The outcome holds both losses, the pruned weights per layer (Table 5's counts), the source
+per routed head the smallest prefix of |w| share above ``top_p``, renormalised unless
+``renormalize`` is off) and measures it again. A checkpoint pruned already (in training or by
+``lime prune``) keeps its masks: only the weights they keep are ranked, so a dropped route stays
+dropped and the counts include the earlier drops. The outcome holds both losses, the pruned weights per layer (Table 5's counts), the source
 layers no longer read and the sources each routed head still reads. ``save_pruned`` writes the
 pruned model as a checkpoint of the engine's format whose config carries ``model.router_prune``
 (refreshed once, at the trained step; ``train.compile`` off), so ``lime analyze``, ``lime eval``
@@ -85,7 +87,7 @@ def prune_checkpoint(path: str | Path | Prunable, top_p: float, *, renormalize: 
     tr = cfg.train
     val = data.val_batches(tr.batch_size, tr.seq_len, tr.eval_batches)
     before = evaluate_loss(model, val, torch.device(device), contextlib.nullcontext)
-    lime_prune.refresh(model.router, top_p, renormalize=renormalize, step=int(ck.get("step", 0)))
+    lime_prune.refresh(model.router, top_p, renormalize=renormalize, step=int(ck.get("step", 0)), only_kept=True)
     after = evaluate_loss(model, val, torch.device(device), contextlib.nullcontext)
     return Pruned(f.parent, cfg, model, mcfg.vocab_size, int(ck.get("step", 0)), ck.get("run_id"), top_p,
                   renormalize, before, after, lime_prune.stats(model.router))

@@ -14,7 +14,13 @@
   pretrained=<folder>,trust_remote_code=True``. Wrapping the project's decoder (rather than a
   second implementation of every router and depth mix) is what makes the logits equal;
 - the tokenizer (``orchestrator.export.tokenizer``): ``tokenizer.json`` and its config;
-- ``lime_export.json``: where it came from (checkpoint, step, MLflow run, git commit, trial config).
+- ``lime_export.json``: where it came from (checkpoint, step, MLflow run, git commit, trial config,
+  the ``lime_arch`` code version).
+
+Loading checks the code: ``config.json`` records ``lime_code``, the commit and the source sha256
+of the ``lime_arch`` that exported it (``lime_arch.code_version``), and ``LimeForCausalLM`` warns
+in one line (``LimeCodeVersionWarning``) when the installed ``lime_arch`` is other code, whose
+logits may differ from the trained model's.
 
 The folder must be new or empty: an export never overwrites another one.
 """
@@ -24,6 +30,7 @@ import json
 from pathlib import Path
 
 from lime_arch import ConfigError
+from lime_arch.code_version import code_version
 from lime_arch.hf.configuration_lime import LimeConfig
 from lime_arch.hf.modeling_lime import LimeForCausalLM
 from orchestrator.core.tracking import git_sha
@@ -36,8 +43,8 @@ def hf_model(trained):
     LimeConfig.register_for_auto_class()
     LimeForCausalLM.register_for_auto_class("AutoModelForCausalLM")
     tok = trained.tokenizer
-    config = LimeConfig(lime=trained.mcfg.to_dict(), eos_token_id=int(tok.eos_id), bos_token_id=int(tok.eos_id),
-                        architectures=["LimeForCausalLM"])
+    config = LimeConfig(lime=trained.mcfg.to_dict(), lime_code=code_version(), eos_token_id=int(tok.eos_id),
+                        bos_token_id=int(tok.eos_id), architectures=["LimeForCausalLM"])
     model = LimeForCausalLM(config)
     model.model.load_state_dict(trained.model.state_dict())
     return model.eval()
@@ -55,6 +62,6 @@ def export(checkpoint: str | Path, folder: str | Path, run_id: str | None = None
     save_tokenizer(trained.tokenizer, out, trained.mcfg.max_seq_len)
     (out / "lime_export.json").write_text(json.dumps({
         "checkpoint": str(trained.path), "step": trained.step, "run_id": run_id or trained.run_id,
-        "git_sha": git_sha(), "tokenizer": getattr(trained.tokenizer, "name", "?"),
+        "git_sha": git_sha(), "lime_code": code_version(), "tokenizer": getattr(trained.tokenizer, "name", "?"),
         "trial_config": trained.cfg.to_dict()}, indent=1, sort_keys=True, default=str) + "\n")
     return sorted(out.iterdir())

@@ -3,7 +3,9 @@
 - The byte tokenizer (UTF-8 bytes, ids 0-255, EOS 256) has no file of its own: it is written as a
   byte-level BPE without merges whose 256 tokens are GPT-2's printable stand-ins for the bytes
   (``bytes_to_unicode``) with id = byte value, plus ``<|endoftext|>`` = 256. Encoding a text gives
-  exactly its UTF-8 bytes; decoding joins them back.
+  exactly its UTF-8 bytes, as the project's ``ByteTokenizer`` does, also where the text spells a
+  special token: the literal ``<|endoftext|>`` is its 13 bytes, never id 256 (transformers'
+  ``split_special_tokens``, saved in ``tokenizer_config.json``); decoding joins the bytes back.
 - A BPE trained by the trial, GPT-2's, a hub tokenizer or a ``tokenizer.json``: already a
   ``tokenizers`` tokenizer, saved as it is, with its EOS token named.
 """
@@ -49,11 +51,13 @@ def save_tokenizer(tokenizer, folder: Path, max_length: int) -> list[Path]:
     from transformers import PreTrainedTokenizerFast
 
     if isinstance(tokenizer, ByteTokenizer):
-        tok, eos = byte_tokenizer(), EOS
+        # the project reads text as bytes only: EOS is an id the data pipeline appends, never text
+        tok, eos, split = byte_tokenizer(), EOS, True
     else:
-        tok = tokenizer.tok
+        # a tokenizers tokenizer matches its special tokens in text, in the project as here
+        tok, split = tokenizer.tok, False
         eos = tok.id_to_token(tokenizer.eos_id)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token=eos, bos_token=eos, unk_token=None,
-                                   model_max_length=max_length)
+                                   model_max_length=max_length, split_special_tokens=split)
     fast.save_pretrained(str(folder))
     return sorted(p for p in folder.iterdir() if p.name.startswith(("tokenizer", "special_tokens")))

@@ -36,9 +36,9 @@ def f64():
 def test_sinkhorn_knopp_makes_positive_matrices_doubly_stochastic(f64):
     M = torch.rand(50, 4, 4) * 5 + 0.01
     one = sinkhorn_knopp(M, 1)
-    torch.testing.assert_close(one.sum(-2), torch.ones(50, 4), rtol=0, atol=1e-15)  # columns last: exact
-    assert (one.sum(-1) - 1).abs().max() > 1e-3  # rows not yet
-    errs = [(sinkhorn_knopp(M, t).sum(-1) - 1).abs().max().item() for t in (1, 5, 20, 100)]
+    torch.testing.assert_close(one.sum(-1), torch.ones(50, 4), rtol=0, atol=1e-15)  # rows last (Eq. 9): exact
+    assert (one.sum(-2) - 1).abs().max() > 1e-3  # columns not yet
+    errs = [(sinkhorn_knopp(M, t).sum(-2) - 1).abs().max().item() for t in (1, 5, 20, 100)]
     assert errs == sorted(errs, reverse=True) and errs[-1] < 1e-12
     # a matrix with constant row sums (symmetric, constant diagonal) is fixed after one round
     S = torch.full((4, 4), 1.0) + (math.e - 1) * torch.eye(4)  # exp(I)
@@ -57,8 +57,8 @@ def test_mhc_res_is_doubly_stochastic_per_token(spec, iters, f64):
         assert pre.shape == post.shape == (2, 7, n) and res.shape == (2, 7, n, n)
         assert (res > 0).all() and (pre > 0).all() and (pre < 1).all()
         assert (post > 0).all() and (post < mix.post_gain).all()
-        torch.testing.assert_close(res.sum(-2), torch.ones(2, 7, n), rtol=0, atol=1e-12)
-        assert (res.sum(-1) - 1).abs().max() < (1e-3 if iters == 5 else 1e-10)  # measured 7e-5 and 4e-14
+        torch.testing.assert_close(res.sum(-1), torch.ones(2, 7, n), rtol=0, atol=1e-12)  # rows last: exact
+        assert (res.sum(-2) - 1).abs().max() < (1e-3 if iters == 5 else 1e-10)  # measured MEASURE
 
 
 def test_mhc_init_values_by_hand():

@@ -96,6 +96,8 @@ MUDD_HID = 64  # every dense-weight MLP of the tiny model: (h // 64 + 1) * 64 wi
     ("mhc", 2 * L * (4 * C * N4 + N4 + 3)),  # phi (nC, n(n+2)), b (n(n+2)), (a_pre, a_post, a_res)
     ("mhc-sigmoid", 2 * L * (4 * C * N4 + N4 + 3)),
     ("mhc-2-5", 2 * L * (2 * C * 8 + 8 + 3)),
+    ("mhc-readout", 2 * L * (4 * C * N4 + N4 + 3) + 4 * C * 4 + 1 + 4),  # + phi_out (nC, n), a_out, b_out (n)
+    ("mhc-readout-2-5", 2 * L * (2 * C * 8 + 8 + 3) + 2 * C * 2 + 1 + 2),
     ("attn-res", (2 * L + 1) * C),  # a pseudo-query per sublayer and one for the final norm
     ("attn-res-block-3", (2 * L + 1) * C),
     # per block i: W1 (C, 64), W2 (64, ways (i+2)), b (ways, i+2); then the K/V gains (2 C) of blocks 1..L-1
@@ -111,6 +113,8 @@ def test_field_parameter_counts_by_hand(spec, count):
     # per sublayer: vec(H) phi nC * n(n+2), H_pre H nC, H_res H n^2 C, H_post^T y nC; then the sum of the streams
     ("mhc", 2 * L * (4 * C * N4 + 4 * C + 16 * C + 4 * C) + 3 * C),
     ("mhc-2-5", 2 * L * (2 * C * 8 + 2 * C + 4 * C + 2 * C) + C),
+    # the learned readout instead of the sum: vec(H) phi_out nC * n, w^T H nC
+    ("mhc-readout", 2 * L * (4 * C * N4 + 4 * C + 16 * C + 4 * C) + 4 * C * 4 + 4 * C),
     ("attn-res", 2 * C * sum(range(1, 2 * L + 2))),  # reader k has k + 1 sources, the final norm 2L + 1
     ("attn-res-block-3", 2 * C * (1 + 2 + 2 + 2 + 3 + 3 + 3 + 4 + 4)),  # blocks {0, 1, 2}, {3, 4, 5}, {6, 7}
     ("mudd", sum(C * MUDD_HID + MUDD_HID * w * (i + 2) + w * (i + 2) * C for i, w in enumerate([4, 4, 4, 1]))),

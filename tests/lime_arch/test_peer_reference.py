@@ -150,8 +150,8 @@ class MHCRef(Ref):
     """mHC (arXiv 2512.24880, Eqs. 7-8), per sublayer k, stream by stream and entry by entry:
     x' = [H_0, .., H_{n-1}] / rms; t_j = x' . phi[:, j]; H_pre[i] = sigmoid(a_pre t_i + b_i),
     H_post[i] = g sigmoid(a_post t_{n+i} + b_{n+i}), M[i][j] = exp(a_res t_{2n+ni+j} + b_{2n+ni+j}) then
-    ``iters`` rounds of row and column normalisation; h = sum_i H_pre[i] H_i,
-    H'_i = H_post[i] y + sum_j M[i][j] H_j; the sum of the streams at the end."""
+    ``iters`` rounds of Eq. 9, M <- T_r(T_c(M)): the columns normalised, then the rows;
+    h = sum_i H_pre[i] H_i, H'_i = H_post[i] y + sum_j M[i][j] H_j; the sum of the streams at the end."""
 
     def positive(self, z):
         return torch.exp(z)
@@ -167,10 +167,10 @@ class MHCRef(Ref):
         M = [[self.positive(a[2] * t[..., 2 * n + n * i + j] + b[2 * n + n * i + j]) for j in range(n)]
              for i in range(n)]
         for _ in range(dm.iters):
-            rows = [sum(M[i]) for i in range(n)]
-            M = [[M[i][j] / rows[i] for j in range(n)] for i in range(n)]
             cols = [sum(M[i][j] for i in range(n)) for j in range(n)]
             M = [[M[i][j] / cols[j] for j in range(n)] for i in range(n)]
+            rows = [sum(M[i]) for i in range(n)]
+            M = [[M[i][j] / rows[i] for j in range(n)] for i in range(n)]
         y = f(sum(pre[i][..., None] * Hs[i] for i in range(n)))
         return [post[i][..., None] * y + sum(M[i][j][..., None] * Hs[j] for j in range(n)) for i in range(n)]
 
@@ -179,12 +179,28 @@ class MHCRef(Ref):
         for l in range(self.cfg.n_layers):
             Hs = self.step(2 * l, Hs, lambda h, l=l: self.attention(l, h))
             Hs = self.step(2 * l + 1, Hs, lambda h, l=l: self.mlp(l, h))
-        return self.logits(sum(Hs))
+        return self.logits(self.readout(Hs))
+
+    def readout(self, Hs):
+        return sum(Hs)
 
 
 class SigmoidMHCRef(MHCRef):
     def positive(self, z):
         return 1 / (1 + torch.exp(-z))
+
+
+class ReadoutMHCRef(MHCRef):
+    """DeepSeek-V4's final readout: x' = [H_0, .., H_{n-1}] / rms, w_i = sigmoid(a_out x' . phi_out[:, i]
+    + b_out[i]), sum_i w_i H_i."""
+
+    def readout(self, Hs):
+        dm = self.m.depth_mix
+        x = torch.cat(Hs, -1)
+        x = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.norm_eps)
+        w = [torch.sigmoid(dm.readout_gate[0] * (x @ dm.readout_proj[:, i]) + dm.readout_bias[i])
+             for i in range(len(Hs))]
+        return sum(w[i][..., None] * Hs[i] for i in range(len(Hs)))
 
 
 class AttnResRef(Ref):
@@ -267,12 +283,14 @@ class LearnedValueResidualRef(ValueResidualRef):
 REFERENCES = {"none": Ref, "denseformer": DenseFormerRef, "hyper-connections": HyperConnectionsRef,
               "hyper-connections-static": HyperConnectionsRef, "hyper-connections-corl": CorlHyperConnectionsRef,
               "value-residual": ValueResidualRef, "value-residual-learned": LearnedValueResidualRef,
-              "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "attn-res": AttnResRef, "attn-res-block": BlockAttnResRef,
+              "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "mhc-readout": ReadoutMHCRef, "attn-res": AttnResRef, "attn-res-block": BlockAttnResRef,
               "mudd": MUDDRef}
 # At 5 layers (10 sublayers) attn-res-block's default size 4 makes blocks of 4, 4, 2 and size 3 of 3, 3, 3, 1;
 # size 1 is full AttnRes; sizes 10 and 20 are one block (every sublayer reads the embedding and the partial sum).
+# mHC at 1-3 Sinkhorn rounds: where the order of the normalisations (columns, then rows) matters most.
 SPECS = [*depth_mix_specs(), "denseformer-2-1", "denseformer-1-2", "denseformer-2-3", "hyper-connections-2",
          "hyper-connections-static-3", "hyper-connections-corl-3", "mhc-2-5", "mhc-4-20-1", "mhc-sigmoid-3-7-1.5",
+         "mhc-4-1", "mhc-3-2", "mhc-readout-3-3",
          "attn-res-block-1", "attn-res-block-3", "attn-res-block-10", "attn-res-block-20"]
 
 

@@ -71,6 +71,54 @@ def test_refresh_masks_and_renormalises_each_row():
     assert all(torch.equal(a, b) for a, b in zip(plain.router.weights, before))
 
 
+def _hand_model(row0, row1):
+    """A full router over 3 layers with R = 2: layer 1's weight (2 heads x 2 slots x 2 heads) set by hand
+    (row 1 mirrors row 0, so every slot stays read and ``executed().weight(1)`` is the whole masked matrix)."""
+    m = _model("full", 2, layers=3)
+    with torch.no_grad():
+        m.router.weights[0].copy_(torch.tensor([row0, row1], dtype=torch.float64))
+    return m
+
+
+def test_renormalisation_off_masks_only_by_hand():
+    """Row [0.5, -0.3, 0.15, 0.05] at top_p 0.7: shares 0.5, 0.3 reach 0.8 > 0.7 at the second entry, so
+    two are kept. Renormalised: x 1.0 / 0.8 = 1.25 (the row's |w| mass); not: masked only."""
+    row0, row1 = [0.5, -0.3, 0.15, 0.05], [0.05, 0.15, -0.3, 0.5]
+    on, off = _hand_model(row0, row1), _hand_model(row0, row1)
+    refresh(on.router, 0.7)
+    refresh(off.router, 0.7, renormalize=False)
+    want_mask = [[True, True, False, False], [False, False, True, True]]
+    assert on.router.prune.mask(1).tolist() == off.router.prune.mask(1).tolist() == want_mask
+    torch.testing.assert_close(on.router.executed().weight(1), torch.tensor(
+        [[0.625, -0.375, 0, 0], [0, 0, -0.375, 0.625]], dtype=torch.float64), rtol=0, atol=1e-15)
+    torch.testing.assert_close(off.router.executed().weight(1), torch.tensor(
+        [[0.5, -0.3, 0, 0], [0, 0, -0.3, 0.5]], dtype=torch.float64), rtol=0, atol=0)
+
+
+def test_pruning_again_ranks_only_the_kept_weights_by_hand():
+    """After top_p 0.7 row 0 is [0.625, 0.375 | 0.15, 0.05 dropped]. Again at 0.9 over the kept weights
+    (shares 0.625, 0.375): both stay, the dropped stay dropped, nothing is rescaled. Ranking every weight
+    at its stale value instead (the training refresh) shares 0.521, 0.313, 0.125, 0.042 and brings the
+    0.15 back. Again at 0.5: 0.625 alone exceeds it; renormalised to the kept mass 1.0."""
+    row0, row1 = [0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]
+    m = _hand_model(row0, row1)
+    refresh(m.router, 0.7)
+    refresh(m.router, 0.9, only_kept=True)
+    assert m.router.prune.mask(1).tolist() == [[True, True, False, False], [False, False, True, True]]
+    torch.testing.assert_close(m.router.weights[0][0], torch.tensor([0.625, 0.375, 0.15, 0.05],
+                                                                    dtype=torch.float64), rtol=0, atol=1e-15)
+    assert stats(m.router).pruned[1] == 4  # the earlier drops are counted
+    stale = _hand_model(row0, row1)
+    refresh(stale.router, 0.7)
+    refresh(stale.router, 0.9)
+    assert stale.router.prune.mask(1)[0].tolist() == [True, True, True, False]
+    refresh(m.router, 0.5, only_kept=True)
+    assert m.router.prune.mask(1).tolist() == [[True, False, False, False], [False, False, False, True]]
+    torch.testing.assert_close(m.router.executed().weight(1)[0], torch.tensor([1.0, 0, 0, 0], dtype=torch.float64),
+                               rtol=0, atol=1e-15)
+    assert stats(m.router).pruned[1] == 6
+
+
 def _twin(m):
     """An unpruned model whose router weights are the pruned model's masked weights."""
     cfg = m.cfg.replace(router_prune=None)

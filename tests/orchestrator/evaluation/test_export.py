@@ -3,6 +3,9 @@ the project's logits within 1e-5 (fp32) for every registered router and depth mi
 encodes as the trial's; the harness's own Hugging Face backend scores it as ``LimeLM`` does."""
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
 import torch
 from lm_eval import simple_evaluate
@@ -11,6 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import lime_arch
 from lime_arch import ConfigError, build_model
+from lime_arch.code_version import LimeCodeVersionWarning, code_version
 from orchestrator.engine.checkpoint import CKPT_NAME, save_checkpoint
 from orchestrator.engine.data import make_batches
 from orchestrator.engine.trial_config import TrialConfig
@@ -90,6 +94,58 @@ def test_byte_and_bpe_tokenizers_encode_as_the_trials(tmp_path):
     for t in TEXTS:
         assert bpe(t)["input_ids"] == mine.encode(t)
     assert bpe.eos_token_id == mine.eos_id
+
+
+# text that spells special tokens of common tokenizers, and text beyond ASCII
+SPECIAL_LOOKING = ["<|endoftext|>", "a<|endoftext|>b", "<|endoftext|><|endoftext|>", "<s>", "</s>", "<pad>",
+                   "<unk>", "[EOS]", "<eos>", "<|im_start|>user\nhi<|im_end|>", "日本語 ü € 😀", "<|endoftext"]
+
+
+def test_exported_tokenizers_read_special_looking_text_as_the_project_does(tmp_path):
+    """The byte tokenizer reads the literal text ``<|endoftext|>`` as its 13 bytes, never as EOS (id 256,
+    which only the data pipeline appends); a BPE tokenizer matches its special tokens in text in the
+    project too, and the export does exactly what the project does."""
+    ck, _ = checkpoint(tmp_path / "ck")
+    export(ck, tmp_path / "byte")
+    tok, mine = AutoTokenizer.from_pretrained(str(tmp_path / "byte")), load_trained(ck).tokenizer
+    for t in SPECIAL_LOOKING:
+        want = mine.encode(t)
+        assert want == list(t.encode("utf-8"))
+        assert tok(t)["input_ids"] == tok.encode(t, add_special_tokens=False) == want, t
+        assert tok.decode(want) == t
+    assert len(tok("<|endoftext|>")["input_ids"]) == 13 and tok.eos_token_id == 256
+    data = {"source": "builtin", "tokenizer": "bpe", "bpe_vocab_size": 300}
+    ck2, _ = checkpoint(tmp_path / "ck2", data=data)
+    export(ck2, tmp_path / "bpe")
+    bpe, mine = AutoTokenizer.from_pretrained(str(tmp_path / "bpe")), load_trained(ck2).tokenizer
+    for t in SPECIAL_LOOKING:
+        assert bpe(t)["input_ids"] == mine.encode(t), t
+
+
+def _load_warnings(folder) -> list[str]:
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        load_export(folder)
+    return [str(w.message) for w in seen if issubclass(w.category, LimeCodeVersionWarning)]
+
+
+def test_loading_an_export_checks_the_lime_arch_it_was_made_with(tmp_path):
+    ck, _ = checkpoint(tmp_path / "ck")
+    export(ck, tmp_path / "hf")
+    cfg_file = tmp_path / "hf" / "config.json"
+    cfg = json.loads(cfg_file.read_text())
+    assert cfg["lime_code"] == code_version()
+    assert json.loads((tmp_path / "hf" / "lime_export.json").read_text())["lime_code"] == code_version()
+    assert _load_warnings(tmp_path / "hf") == []  # the same code: silent
+    cfg["lime_code"] = {"commit": "0123456789ab", "source_sha256": "f" * 64}  # made with other code
+    cfg_file.write_text(json.dumps(cfg))
+    [line] = _load_warnings(tmp_path / "hf")
+    assert "\n" not in line and "commit 0123456789ab" in line and "ffffffffffff" in line
+    assert code_version()["source_sha256"][:12] in line and "logits may differ" in line
+    del cfg["lime_code"]  # an export made before the record
+    cfg_file.write_text(json.dumps(cfg))
+    [line] = _load_warnings(tmp_path / "hf")
+    assert "records no lime_arch version" in line and "\n" not in line
 
 
 def test_export_never_overwrites(tmp_path):

@@ -52,6 +52,33 @@ def test_prune_two_runs_logs_saves_and_pairs(tmp_path, mlflow_uri, capsys):
     assert "pruned model saved" in capsys.readouterr().out
 
 
+def test_pruning_a_pruned_checkpoint_keeps_its_drops(tmp_path, mlflow_uri, capsys):
+    """A checkpoint pruned at 0.9, pruned again at 0.99 without renormalising: only the weights still
+    kept are ranked, so every route the first pruning dropped stays dropped (ranked at their stale
+    values they came back, and the count fell below the first one's), the count reported includes
+    them, and the kept weights are not rescaled."""
+    res = _trial(tmp_path, 0)
+    first, second = tmp_path / "p90", tmp_path / "p99"
+    assert main(["prune", res.checkpoint, "--top-p", "0.9", "--save", str(first), "--no-log",
+                 "--out", str(tmp_path / "a.md")]) == 0
+    capsys.readouterr()
+    assert main(["prune", str(first), "--top-p", "0.99", "--no-renormalize", "--save", str(second), "--no-log",
+                 "--out", str(tmp_path / "b.md")]) == 0
+    printed = capsys.readouterr().out
+    a, b = load_checkpoint(first), load_checkpoint(second)
+    n_a = n_b = 0
+    for l in (1, 2, 3):
+        ma, mb = a["model"][f"router.prune.mask_{l}"], b["model"][f"router.prune.mask_{l}"]
+        assert not (mb & ~ma).any(), f"layer {l}: a dropped route came back"
+        w_a, w_b = a["model"][f"router.weights.{l - 1}"], b["model"][f"router.weights.{l - 1}"]
+        assert torch.equal(w_a, w_b)  # not renormalised: the kept weights as they were
+        n_a, n_b = n_a + int((~ma).sum()), n_b + int((~mb).sum())
+    assert 0 < n_a <= n_b
+    assert f"pruned {n_b} of {2 * 2 * (2 + 3 + 4)} router weights" in printed
+    assert b["config"]["model"]["router_prune"]["renormalize"] is False
+    assert "not renormalised" in (tmp_path / "b.md").read_text()
+
+
 def test_prune_errors_are_one_line(tmp_path, mlflow_uri, capsys):
     dyn = _trial(tmp_path, 0, router="dynamic")
     for argv, message in [
