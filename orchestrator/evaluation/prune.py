@@ -7,7 +7,8 @@ every layer's router weights at ``top_p`` (``lime_arch.prune``:
 per routed head the smallest prefix of |w| share above ``top_p``, renormalised unless
 ``renormalize`` is off) and measures it again. A checkpoint pruned already (in training or by
 ``lime prune``) keeps its masks: only the weights they keep are ranked, so a dropped route stays
-dropped and the counts include the earlier drops. The outcome holds both losses, the pruned weights per layer (Table 5's counts), the source
+dropped and the counts include the earlier drops. The outcome holds both losses, the pruned
+weights per layer (Table 5's counts), the source
 layers no longer read and the sources each routed head still reads. ``save_pruned`` writes the
 pruned model as a checkpoint of the engine's format whose config carries ``model.router_prune``
 (refreshed once, at the trained step; ``train.compile`` off), so ``lime analyze``, ``lime eval``
