@@ -153,6 +153,11 @@ def analyze(frame: pd.DataFrame, specs: list[tuple[str, str, float, list[tuple[s
             load: Loader) -> tuple[list[ItemTable], list[str]]:
     """The per-document comparisons of every table ``(title, mode, scale, [(task, metric)])``;
     and the notes (why there are none, runs without files)."""
+    read = load
+
+    def load(rid: str) -> dict[str, dict]:  # a loader may answer None for a run it does not know
+        return read(rid) or {}
+
     runs, repeated = _runs(frame, axis, blocks)
     if repeated:
         return [], [f"blocks ({', '.join(blocks)}) repeat within a variant: trials cannot be paired per document"]
@@ -237,16 +242,19 @@ def _text(c: Cell | None) -> str:
 
 def section(tables: list[ItemTable], notes: list[str], baseline: Any, axis: str, alpha: float) -> list[str]:
     """The markdown of the per-document comparisons (a note alone when there are none)."""
-    lines = ["", "### Paired per document (pooled over seeds)", "",
-             f"Each variant against `{cell_text(baseline)}` document by document: the difference on every "
-             "document both models of a seed scored, pooled over the seeds both have (the interval: the hull of "
-             "a t interval with seeds and documents both random and the sign-flip test over documents, which "
-             "stays honest at accuracies near 0 and 1; docs/EVALUATION.md). Each interval at its task's "
-             "Bonferroni level (the variants of a task, or of the average, are its family), Holm's p over the "
-             "same family beside it; a comparison whose two models score the same on every document in every "
-             "seed is not tested. Cells: verdict (difference [interval], Holm p; seeds x documents), in the "
-             "table's units. These verdicts are beside the per-seed ones above, not instead of them: they "
-             "count every document, the per-seed ones only each seed's total."]
+    head = ["", "### Paired per document (pooled over seeds)", ""]
+    if not tables:
+        return head + [f"- {n}" for n in notes]
+    lines = head + [
+        f"Each variant against `{cell_text(baseline)}` document by document: the difference on every "
+        "document both models of a seed scored, pooled over the seeds both have (the interval: the hull of "
+        "a t interval with seeds and documents both random and the sign-flip test over documents, which "
+        "stays honest at accuracies near 0 and 1; docs/EVALUATION.md). Each interval at its task's "
+        "Bonferroni level (the variants of a task, or of the average, are its family), Holm's p over the "
+        "same family beside it; a comparison whose two models score the same on every document in every "
+        "seed is not tested. Cells: verdict (difference [interval], Holm p; seeds x documents), in the "
+        "table's units. These verdicts are beside the per-seed ones above, not instead of them: they "
+        "count every document, the per-seed ones only each seed's total."]
     lines += [f"- {n}" for n in notes]
     for tab in tables:
         variants = list(dict.fromkeys(str(norm_value(c.variant)) for c in tab.cells))
