@@ -146,3 +146,14 @@ def test_coverage_of_a_known_difference_over_200_simulated_task_sets(mean_logit,
         r = compare([simulate(rng, 0.2, mean_logit, S, N)], 0.95, seed=i)
         hits += r.low <= truth <= r.high
     assert 0.92 <= hits / 200 <= high, hits
+
+
+def test_the_worked_example_of_docs_evaluation():
+    """docs/EVALUATION.md's 2 seeds x 5 documents, worked there by hand."""
+    base = np.array([[1, 0, 1, 0, 0], [0, 0, 1, 1, 0]])
+    var = np.array([[1, 1, 1, 0, 1], [1, 0, 1, 1, 0]])
+    r = compare([100.0 * (var - base)], 0.95)
+    assert r.diff == pytest.approx(30.0) and r.sd_seeds == 0 and r.df == pytest.approx(4)
+    assert r.se == pytest.approx(100 * math.sqrt(0.015))
+    assert (round(r.t_low, 1), round(r.t_high, 1)) == (-4.0, 64.0)
+    assert r.p_flip == pytest.approx(8 / 32) and (r.flip_low, r.flip_high) == (-math.inf, math.inf)
