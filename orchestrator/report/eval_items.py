@@ -83,6 +83,7 @@ class Cell:
     family: int = 0
     base_mean: float = math.nan
     metric: str = ""
+    unpaired: int = 0  # seeds both have whose files could not be paired (another key, no shared document)
     data: list[np.ndarray] | None = None  # the seeds x documents differences of each task, until decided
 
 
@@ -148,16 +149,19 @@ def _base_mean(p: _Pairs, blocks: list, scale: float) -> float:
     return float(np.mean([[scale * p.rows[b][1][k] for k in p.docs] for b in blocks]))
 
 
+def _or_empty(load: Loader) -> Loader:
+    """A loader that answers {} where ``load`` answers None (a run it does not know)."""
+    def files(rid: str) -> dict[str, dict]:
+        return load(rid) or {}
+    return files
+
+
 def analyze(frame: pd.DataFrame, specs: list[tuple[str, str, float, list[tuple[str, str]]]], axis: str,
             baseline: Any, variants: list, blocks: list[str], alpha: float, seed: int,
             load: Loader) -> tuple[list[ItemTable], list[str]]:
     """The per-document comparisons of every table ``(title, mode, scale, [(task, metric)])``;
     and the notes (why there are none, runs without files)."""
-    read = load
-
-    def load(rid: str) -> dict[str, dict]:  # a loader may answer None for a run it does not know
-        return read(rid) or {}
-
+    load = _or_empty(load)
     runs, repeated = _runs(frame, axis, blocks)
     if repeated:
         return [], [f"blocks ({', '.join(blocks)}) repeat within a variant: trials cannot be paired per document"]
@@ -187,7 +191,7 @@ def analyze(frame: pd.DataFrame, specs: list[tuple[str, str, float, list[tuple[s
 
 
 def _cell(v: Any, task: str, metric: str, p: _Pairs, blocks: list, scale: float) -> Cell:
-    c = Cell(v, task, metric=metric)
+    c = Cell(v, task, metric=metric, unpaired=p.skipped)
     if not blocks or len(p.docs) < 2:
         c.note = "not tested: no seed with per-document results of both" if not blocks else (
             f"not tested: {len(p.docs)} document(s) shared")
@@ -282,7 +286,8 @@ def csv_rows(tables: list[ItemTable], baseline: Any) -> list[dict[str, Any]]:
         for c in tab.cells:
             s = c.stats
             rows.append({"table": tab.title, "variant": c.variant, "baseline": baseline, "task": c.task,
-                         "metric": c.metric, "seeds": s.n_seeds if s else 0, "documents": s.n_items if s else 0,
+                         "metric": c.metric, "seeds": s.n_seeds if s else 0, "unpaired_seeds": c.unpaired,
+                         "documents": s.n_items if s else 0,
                          "base_mean": c.base_mean, "diff": s.diff if s else nan,
                          "diff_ci_low": s.low if s else nan, "diff_ci_high": s.high if s else nan,
                          "confidence": s.level if s else nan, "family_size": c.family, "p": s.p if s else nan,

@@ -102,6 +102,7 @@ def test_files_of_another_key_are_not_paired_and_runs_without_files_are_noted(tm
     csv = pd.read_csv(tmp_path / eval_items.CSV)
     kv = csv[csv.task == "lime_kv"].set_index("variant")
     assert kv.loc["full", "seeds"] == 7 and kv.loc["half", "seeds"] == 7
+    assert kv.loc["full", "unpaired_seeds"] == 1 and kv.loc["half", "unpaired_seeds"] == 1
     full = diffs("full", "lime_kv", "acc", 100.0)
     assert kv.loc["full", "diff"] == pytest.approx(np.delete(full, 3, axis=0).mean())
     assert any("1 of 24 finished trials have no per-document results" in line for line in lines)
