@@ -26,6 +26,8 @@ import json
 import math
 from typing import Any
 
+import numpy as np
+
 from lime_arch.errors import ConfigError
 
 FORMAT = 1
@@ -33,17 +35,9 @@ HASH_CHARS = 12
 
 
 def _scalar(v: Any) -> float | None:
-    if isinstance(v, bool):
+    """A per-document value as a float; None for a tuple or anything else that is no number."""
+    if isinstance(v, (bool, int, float, np.bool_, np.integer, np.floating)):
         return float(v)
-    if isinstance(v, (int, float)):
-        return float(v)
-    try:  # numpy scalars
-        import numpy as np
-
-        if isinstance(v, np.generic) and np.ndim(v) == 0:
-            return float(v)
-    except ImportError:  # pragma: no cover - numpy is a dependency
-        pass
     return None
 
 
