@@ -21,9 +21,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core import eval_items as per_item
 from orchestrator.core import eval_names
 from orchestrator.evaluation.adapter import LimeLM
-from orchestrator.core import eval_items as per_item
 from orchestrator.evaluation.checks import Resolved, resolve
 from orchestrator.evaluation.settings import EvalSettings
 from orchestrator.evaluation.variants import gold_loss_task

@@ -16,9 +16,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.core import eval_items as per_item
 from orchestrator.core import eval_names as names
 from orchestrator.core.tracking import client
-from orchestrator.core import eval_items as per_item
 
 if TYPE_CHECKING:
     from orchestrator.evaluation.harness import Outcome
