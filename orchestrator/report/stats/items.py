@@ -24,7 +24,8 @@ random: ``d[s, i] = D + a_s + b_i + e_si``, so
 
 The interval is the hull of two (the same construction as ``decide.intervals.paired_interval``):
 
-- ``t``: D^ +- t_df sqrt(V^), df by Satterthwaite over the two parts;
+- ``t``: D^ +- t_df sqrt(V^), df by Satterthwaite over the document part (N - 1 df), the seeds'
+  variance (S - 1) and the noise subtracted from it;
 - ``sign-flip``: the inversion of the sign-flip test over documents (each document's mean over
   the seeds, the average's weighted to its task's share): exact when the two models are
   exchangeable on each document, so it stays honest where the t interval is not, at accuracies
@@ -102,20 +103,22 @@ def compare(mats: list[np.ndarray], level: float, seed: int = 0) -> ItemStats:
     doc_means = [m.mean(axis=0) for m in mats]
     parts = [w**2 * float(np.var(x, ddof=1)) / len(x) for x in doc_means]  # each task's document part
     a = sum(parts)
-    b, sd_a, seeds_p, df_b = 0.0, math.nan, math.nan, math.inf
+    b, sd_a, seeds_p, b_terms = 0.0, math.nan, math.nan, 0.0
     if S >= 2:
         seed_means = sum(w * m.mean(axis=1) for m in mats)
         noise = sum(w**2 * _residual_ms(m) / m.shape[1] for m in mats)  # E var_s(dbar_s) without s_a
         var_s = float(np.var(seed_means, ddof=1))
         b = max(0.0, var_s - noise) / S
-        sd_a, df_b = math.sqrt(b * S), S - 1
+        sd_a = math.sqrt(b * S)
         df_e = sum((S - 1) * (m.shape[1] - 1) for m in mats)
+        if b > 0:  # Satterthwaite over var_s / S (S - 1 df) minus noise / S (df_e): the seed part is their difference
+            b_terms = (var_s / S) ** 2 / (S - 1) + (noise / S) ** 2 / df_e
         if noise > 0:
             seeds_p = float(sps.f.sf(var_s / noise, S - 1, df_e))
         elif var_s > 0:
             seeds_p = 0.0
     v = a + b
-    den = sum(p**2 / (len(x) - 1) for p, x in zip(parts, doc_means)) + (b**2 / df_b if b > 0 else 0.0)
+    den = sum(p**2 / (len(x) - 1) for p, x in zip(parts, doc_means)) + b_terms
     df = v**2 / den if den > 0 else math.inf
     se = math.sqrt(v)
     if se > 0:
