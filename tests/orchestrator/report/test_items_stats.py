@@ -33,12 +33,14 @@ def test_variance_df_t_interval_and_seed_test_match_a_two_way_anova():
     ms_s, ms_i, ms_e = naive_anova(m)
     assert ms_s > ms_e
     var = (ms_s + ms_i - ms_e) / (S * N)  # the crossed design's unbiased variance of the grand mean
-    a, b = ms_i / (S * N), (ms_s - ms_e) / (S * N)
+    a = ms_i / (S * N)
+    seed_part = (ms_s - ms_e) / (S * N)  # s_a^2 / S, not floored here
     # Satterthwaite: the seed part is MS_seeds / (S N) on S - 1 df minus MS_e / (S N) on (S - 1)(N - 1)
     df = var**2 / (a**2 / (N - 1) + (ms_s / (S * N)) ** 2 / (S - 1) + (ms_e / (S * N)) ** 2 / ((S - 1) * (N - 1)))
     r = compare([m], 0.95)
     assert r.diff == pytest.approx(m.mean()) and r.se**2 == pytest.approx(var, rel=1e-10)
     assert r.df == pytest.approx(df, rel=1e-10) and r.se_items**2 == pytest.approx(a, rel=1e-10)
+    assert r.sd_seeds**2 == pytest.approx(S * seed_part, rel=1e-10)
     half = sps.t.ppf(0.975, df) * math.sqrt(var)
     assert (r.t_low, r.t_high) == pytest.approx((m.mean() - half, m.mean() + half), rel=1e-10)
     assert r.p_t == pytest.approx(2 * sps.t.sf(abs(m.mean()) / math.sqrt(var), df), rel=1e-9)
