@@ -271,11 +271,13 @@ def section(tables: list[ItemTable], notes: list[str], baseline: Any, axis: str,
         if flagged:
             lines += ["", "- Seeds disagree beyond their documents' noise (the interval carries that seed "
                       "variance): " + "; ".join(flagged) + "."]
-        for task in tab.tasks:  # why a comparison is not tested, once a task when every variant's reason is one
+        untested = []  # why a comparison is not tested, once a task
+        for task in tab.tasks:
             why = {c.note for c in tab.cells if c.task == task and c.stats is None}
             if why:
                 who = "every variant" if all(c.stats is None for c in tab.cells if c.task == task) else "some variants"
-                lines.append(f"- {task} ({who}): " + "; ".join(sorted(why)) + ".")
+                untested.append(f"- {task} ({who}): " + "; ".join(sorted(why)) + ".")
+        lines += [""] + untested if untested else []
     return lines
 
 
