@@ -9,8 +9,9 @@ multiple-choice task (``gold_loss``), skips the tasks whose key says they were s
 What comes back (``Outcome``): per task every metric the harness reports with its standard
 error, named ``eval/<task>/<metric>`` (a metric of a task with several answer filters, such as
 GSM8K's strict and flexible extraction, is ``<metric>_<filter>``), the task's primary metric (its
-first, the one the report's tables use) and direction, its shots and key, and the harness's
-results as JSON (without the per-example samples).
+first, the one the report's tables use) and direction, its shots and key, the harness's
+results as JSON (without the per-example samples), and per task the per-document results
+(``items``: ``orchestrator.core.eval_items``, what a report pairs document by document).
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.core import eval_items as per_item
 from orchestrator.core import eval_names
 from orchestrator.evaluation.adapter import LimeLM
 from orchestrator.evaluation.checks import Resolved, resolve
@@ -48,6 +50,7 @@ class Outcome:
     skipped: list[str] = field(default_factory=list)  # scored before with the same key
     harness: dict[str, Any] = field(default_factory=dict)  # the harness's results (JSON-able)
     requests: dict[str, int] = field(default_factory=dict)  # what the adapter answered
+    items: dict[str, dict] = field(default_factory=dict)  # task -> per-document results (``core.eval_items``)
 
     def metrics(self) -> dict[str, float]:
         """``eval/<task>/<metric>`` and ``eval/<task>/<metric>_stderr`` (finite values only)."""
@@ -106,8 +109,10 @@ def evaluate(model, tokenizer, settings: EvalSettings, *, skip: dict[str, str] |
     lm = LimeLM(model, tokenizer, batch_size=settings.batch_size, max_length=settings.max_length,
                 max_gen_toks=settings.max_gen_toks)
     res = simple_evaluate(model=lm, tasks=todo, limit=settings.limit, task_manager=resolved.manager,
-                          log_samples=False, bootstrap_iters=BOOTSTRAP_ITERS)
+                          log_samples=True, bootstrap_iters=BOOTSTRAP_ITERS)
     outcome.harness = json_safe(res)
+    # the per-document results, kept small (the samples themselves hold every document and response)
+    outcome.items = per_item.from_samples(res.get("samples") or {}, outcome.keys)
     outcome.requests = dict(lm.stats)
     for name in outcome.keys:
         _scores(name, res["results"].get(name, {}), res.get("higher_is_better", {}).get(name, {}), outcome)

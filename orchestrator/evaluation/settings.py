@@ -24,6 +24,7 @@ from typing import Annotated, Any
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic.dataclasses import dataclass
 
+from orchestrator.core.eval_items import FORMAT as ITEMS_FORMAT
 from orchestrator.core.validation import CONFIG, Bool, FieldError, Int, Str, validate
 from orchestrator.evaluation import suites
 
@@ -79,8 +80,10 @@ class EvalSettings:
 
 
 def settings_hash(settings: EvalSettings, step: int) -> str:
-    """The ``eval/settings`` tag of a trial evaluated completely under ``settings`` at ``step``."""
-    blob = json.dumps({"settings": settings.to_dict(), "step": int(step)}, sort_keys=True, default=str)
+    """The ``eval/settings`` tag of a trial evaluated completely under ``settings`` at ``step``
+    (``items``: the per-document results' format; trials evaluated before them are evaluated again)."""
+    blob = json.dumps({"settings": settings.to_dict(), "step": int(step), "items": ITEMS_FORMAT}, sort_keys=True,
+                      default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

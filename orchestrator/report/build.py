@@ -35,8 +35,8 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   of pruning against the unpruned twins (``orchestrator.report.routing``), and the retrieval curves
   of Figure 9 and a token-dependent router's spread maps among the plots;
 - downstream tasks (``eval/...``) when runs have them: the Table 1 layout with paired verdicts
-  per task and for the average, and the paper's Table 1 directions (``orchestrator.report.evaluation``,
-  also ``evaluation.csv``);
+  per task and for the average, the same paired per document (``eval_items``), and the paper's
+  Table 1 directions (``orchestrator.report.evaluation``, also ``evaluation.csv``, ``evaluation_items.csv``);
 - the compute each variant used, the sweep's efficiency ratio and its trials' start-up
   (``orchestrator.report.efficiency``), the sweep file, git commits, library versions and seeds.
 
@@ -68,7 +68,7 @@ from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
 from orchestrator.decide.verdict import Margin, check_margin_metrics
-from orchestrator.report import curves, evaluation, per_seed, routing, scaling, search, unstable
+from orchestrator.report import curves, eval_items, evaluation, per_seed, routing, scaling, search, unstable
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper.refs import reference_for
@@ -133,7 +133,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     out_dir = Path(out) / sweep
     out_dir.mkdir(parents=True, exist_ok=True)
     for old in [*out_dir.glob("*.png"), out_dir / "report.md", out_dir / "report.html", out_dir / "summary.csv",
-                out_dir / "pairs.csv", out_dir / "evaluation.csv", out_dir / PER_SEED]:
+                out_dir / "pairs.csv", out_dir / "evaluation.csv", out_dir / eval_items.CSV, out_dir / PER_SEED]:
         old.unlink(missing_ok=True)
     rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned, families.sequential)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
@@ -149,7 +149,8 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     scal = scaling.build(sdf, data.histories, choice.metric, choice.axis, comp.baseline, mode, factors,
                          out_dir, data.name, seed, margin=choice.margin, verdicts=_depth_verdicts(depth_pairs))
     # downstream tasks (eval/* metrics), when trials carry them: the Table 1 layout and its verdicts
-    evals = evaluation.section(sdf, choice.axis, comp.baseline, blocks, choice.alpha, seed, out_dir)
+    evals = evaluation.section(sdf, choice.axis, comp.baseline, blocks, choice.alpha, seed, out_dir,
+                               eval_items.mlflow_loader(cl))  # and paired per document, from eval/items
     if choice.folded and search.plot(df, choice.folded, choice.metric, out_dir / "search.png", data.name):
         plots.append((f"{choice.metric} against each searched value (x: mean of a configuration)", "search.png"))
     report = ReportData(data, sweep_file or SweepFile(), df, sdf, comp, pa, depth_pairs, rows, labels,

@@ -12,6 +12,9 @@
   ``orchestrator.report.compare.decisions``), the variants of a task being its family; tasks are not
   corrected against each other, so the average's verdict is the headline and a task's alone is one
   of several looks.
+- Paired per document (``orchestrator.report.eval_items``), when the runs carry per-document
+  results and the caller passes a loader: each variant against the baseline on every document both
+  scored within a seed, pooled over seeds, per task and for the average; ``evaluation_items.csv``.
 - "Paper vs this run": the paper's Table 1 averages (LLaMA 50.29, DenseFormer 50.62, HC 52.22,
   LIMe 54.21) against this run's average score (``orchestrator.report.paper.fidelity``; directions
   only, the tasks and the scale differ).
@@ -31,6 +34,7 @@ import pandas as pd
 
 from orchestrator.core import eval_names
 from orchestrator.core.fmt import cell_text, num, same_value, table
+from orchestrator.report import eval_items
 from orchestrator.report.compare import across_seeds, by_seed, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
 from orchestrator.report.paper import fidelity
@@ -102,9 +106,10 @@ def analyze(df: pd.DataFrame, axis: str, baseline: Any, blocks: list[str], alpha
 
 
 def section(df: pd.DataFrame, axis: str, baseline: Any, blocks: list[str], alpha: float, seed: int,
-            out_dir: Path | None = None) -> list[str]:
+            out_dir: Path | None = None, items: eval_items.Loader | None = None) -> list[str]:
     """The markdown lines of the section ([] when no trial has ``eval/*`` metrics); writes
-    ``evaluation.csv`` to ``out_dir``."""
+    ``evaluation.csv`` (and ``evaluation_items.csv``) to ``out_dir``. ``items``: a run's
+    per-document results (``eval_items.mlflow_loader``); None leaves the per-document comparisons out."""
     frame, tables = analyze(df, axis, baseline, blocks, alpha, seed)
     if not tables:
         return []
@@ -123,6 +128,8 @@ def section(df: pd.DataFrame, axis: str, baseline: Any, blocks: list[str], alpha
              "a task's verdict alone is one of several looks."]
     for tab in tables:
         lines += _table_lines(tab, axis, baseline)
+    if items is not None:
+        lines += _per_document(frame, tables, axis, baseline, blocks, alpha, seed, items, out_dir)
     ref = REFS.get("table1")
     scores = next((t for t in tables if t.mode == "max"), None)
     avg = next((c for c in scores.columns if c.task == AVERAGE), None) if scores else None
@@ -136,6 +143,20 @@ def section(df: pd.DataFrame, axis: str, baseline: Any, blocks: list[str], alpha
         pd.DataFrame(_csv_rows(tables)).to_csv(Path(out_dir) / "evaluation.csv", index=False,
                                                float_format="%.10g", lineterminator="\n")
     return lines
+
+
+def _per_document(frame: pd.DataFrame, tables: list[Table], axis: str, baseline: Any, blocks: list[str],
+                  alpha: float, seed: int, load: eval_items.Loader, out_dir: Path | None) -> list[str]:
+    """The comparisons paired per document (``eval_items``) of every table's tasks and average."""
+    specs = [(t.title, t.mode, t.scale, [(c.task, c.metric[len(eval_names.metric_key(c.task, "")):])
+                                         for c in t.columns if c.task != AVERAGE]) for t in tables]
+    variants = [g.value for g in tables[0].columns[0].comp.groups]
+    blocks = [b for b in dict.fromkeys(blocks) if b in frame.columns and b != axis]
+    found, notes = eval_items.analyze(frame, specs, axis, baseline, variants, blocks, alpha, seed, load)
+    if out_dir is not None and found:
+        pd.DataFrame(eval_items.csv_rows(found, baseline)).to_csv(
+            Path(out_dir) / eval_items.CSV, index=False, float_format="%.10g", lineterminator="\n")
+    return eval_items.section(found, notes, baseline, axis, alpha)
 
 
 def suite_base(task: str) -> str | None:

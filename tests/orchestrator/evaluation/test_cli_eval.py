@@ -17,6 +17,7 @@ from orchestrator.core.tracking import client
 from orchestrator.engine.trial import Tracking, run_trial
 from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.evaluation.loading import load_trained
+from orchestrator.report.eval_items import mlflow_loader
 from orchestrator.sweep.checkpoints import resolve_target
 from tests.orchestrator.evaluation.helpers import TINY
 
@@ -57,8 +58,14 @@ def trained_run(trained, store, monkeypatch):
 
 
 def hand_acc(ck: Path) -> float:
+    hits = hand_hits(ck)
+    return sum(hits) / len(hits)
+
+
+def hand_hits(ck: Path) -> list[int]:
+    """Per document: 1 where the gold choice has the highest log-likelihood."""
     m = load_trained(ck).model.double()
-    hits = 0
+    hits = []
     for q, choices, gold in MC:
         ctx = list(f"Q: {q}\nA:".encode())
         lls = []
@@ -67,8 +74,8 @@ def hand_acc(ck: Path) -> float:
             with torch.no_grad():
                 lp = torch.log_softmax(m(torch.tensor([ids[:-1]]))[0].double(), -1)
             lls.append(sum(float(lp[i - 1, ids[i]]) for i in range(len(ctx), len(ids))))
-        hits += max(range(3), key=lambda i: lls[i]) == gold
-    return hits / len(MC)
+        hits.append(int(max(range(3), key=lambda i: lls[i]) == gold))
+    return hits
 
 
 def test_lime_eval_logs_scores_that_match_a_hand_computation(trained_run, task_dir, capsys, store):
@@ -83,8 +90,15 @@ def test_lime_eval_logs_scores_that_match_a_hand_computation(trained_run, task_d
     assert json.loads(run.data.tags["eval/primary"]) == {"tiny_mc": ["acc", True], "tiny_mc_bpb": ["bpb", False]}
     assert run.data.tags["eval/tiny_mc/config"].startswith("0-shot,limit=None,")
     assert [m.step for m in client().get_metric_history(run_id, "eval/tiny_mc/acc")] == [0]
-    arts = [a.path for a in client().list_artifacts(run_id, "eval")]
+    arts = [a.path for a in client().list_artifacts(run_id, "eval") if not a.is_dir]
     assert len(arts) == 1 and arts[0].startswith("eval/harness_results_")
+    # the per-document results, one small file a task on the run, as the report reads them
+    assert sorted(a.path for a in client().list_artifacts(run_id, "eval/items")) == [
+        "eval/items/tiny_mc.json", "eval/items/tiny_mc_bpb.json"]
+    items = mlflow_loader(client())(run_id)
+    assert items["tiny_mc"]["metrics"]["acc"] == hand_hits(ck) and items["tiny_mc"]["doc_id"] == [0, 1, 2, 3]
+    assert items["tiny_mc"]["key"] == run.data.tags["eval/tiny_mc/config"]
+    assert run.data.tags["eval/tiny_mc/items"] == "4"
     assert any(line.split()[:2] == ["tiny_mc", "acc*"] and float(line.split()[2]) == pytest.approx(acc, abs=1e-4)
                for line in out.splitlines())
     saved = json.loads((store / "results" / "eval" / run_id / "results.json").read_text())

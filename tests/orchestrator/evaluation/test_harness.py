@@ -59,6 +59,40 @@ def test_multiple_choice_accuracy_and_gold_bpb_match_a_hand_computation(task_dir
     assert out.metrics()["eval/tiny_mc_bpb/bpb_stderr"] == pytest.approx(se)
 
 
+def test_per_document_results_match_a_hand_computation_and_the_scores(task_dir):
+    """Every document's acc, acc_norm and gold bits per byte, as the report pairs them, computed here from
+    the forward pass; their means are the task's scores; a metric with tuple values per document (the
+    rolling perplexity's) has no per-document file."""
+    from types import SimpleNamespace
+
+    from orchestrator.core import eval_items
+    from orchestrator.evaluation.record import done_keys
+
+    model = tiny_model(dtype=torch.float64, seed=3)
+    out = evaluate(model, TOK, eval_settings({"tasks": ["tiny_mc", "tiny_gen", "tiny_ppl"], "include": [str(task_dir)],
+                                              "num_fewshot": 0}))
+    acc, acc_norm, bpb = [], [], []
+    for q, choices, gold in MC_DOCS:
+        ctx = f"Q: {q}\nA:".encode()
+        lls = [seq_ll(model, ctx, (" " + c).encode()) for c in choices]
+        acc.append(int(max(range(3), key=lambda i: lls[i]) == gold))
+        acc_norm.append(int(max(range(3), key=lambda i: lls[i] / len(choices[i])) == gold))
+        bpb.append(-lls[gold] / (math.log(2) * len((" " + choices[gold]).encode())))
+    mc = out.items["tiny_mc"]
+    assert mc["doc_id"] == [0, 1, 2, 3] and mc["key"] == out.keys["tiny_mc"]
+    assert mc["metrics"] == {"acc": acc, "acc_norm": acc_norm}
+    assert out.items["tiny_mc_bpb"]["metrics"]["bpb"] == pytest.approx(bpb, rel=1e-9)
+    assert len(set(mc["doc_hash"])) == 4 and mc["doc_hash"] == out.items["tiny_mc_bpb"]["doc_hash"]  # same documents
+    assert sum(acc) / 4 == pytest.approx(scores(out)["tiny_mc/acc"])
+    gen = out.items["tiny_gen"]["metrics"]["exact_match"]
+    assert len(gen) == 3 and sum(gen) / 3 == pytest.approx(scores(out)["tiny_gen/exact_match"])
+    assert "tiny_ppl" not in out.items and "tiny_ppl" in out.keys
+    # the file round-trips, and a task scored before per-document results were logged is not skipped
+    assert eval_items.loads(eval_items.dumps(mc)) == mc
+    tags = {"eval/tiny_mc/config": "k1", "eval/tiny_mc/items": "4", "eval/tiny_gen/config": "k2"}
+    assert done_keys(SimpleNamespace(data=SimpleNamespace(tags=tags))) == {"tiny_mc": "k1"}
+
+
 def test_few_shot_contexts_come_from_the_training_split(task_dir):
     model = tiny_model(dtype=torch.float64)
     out = evaluate(model, TOK, eval_settings({"tasks": ["tiny_mc"], "include": [str(task_dir)], "num_fewshot": 2,

@@ -11,9 +11,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from orchestrator.core import tracking
+from orchestrator.core import eval_items, tracking
 from orchestrator.report import evaluation
 from orchestrator.report.build import build_report
+from tests.orchestrator.report.test_eval_items import files as item_files
 from tests.orchestrator.report.test_report import T0, add_trial, log_sweep_params
 
 SEEDS = list(range(8))
@@ -121,7 +122,14 @@ def test_a_report_from_mlflow_runs_has_the_section(tmp_path, monkeypatch):
             rid = add_trial(cl, exp, parent, "evrep", router, s, final=3.0 - 0.01 * s, status="finished", start=start)
             cl.log_batch(rid, metrics=[Metric(k, v, start, 0) for k, v in values(router, s).items()],
                          tags=[RunTag("eval/primary", PRIMARY), RunTag("eval/lime_kv/config", "3-shot,limit=None,a")])
+            with tempfile.TemporaryDirectory() as d:  # per-document results, as the evaluation logs them
+                (Path(d) / "lime_kv.json").write_text(eval_items.dumps(item_files(s, router)["lime_kv"]))
+                cl.log_artifacts(rid, d, "eval/items")
             start += 1000
     md = build_report("evrep", out=tmp_path / "out", log_to_mlflow=False).read_text()
     assert "## Downstream evaluation" in md and KV_CELL in md
     assert (tmp_path / "out" / "evrep" / "evaluation.csv").is_file()
+    # the runs' eval/items files read back from the store: lime_kv paired per document (+15 points a seed)
+    assert "### Paired per document (pooled over seeds)" in md and "| full | better (+15 [" in md
+    rows = pd.read_csv(tmp_path / "out" / "evrep" / "evaluation_items.csv")
+    assert rows[rows.task == "lime_kv"]["seeds"].tolist() == [8]
