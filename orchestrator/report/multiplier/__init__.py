@@ -69,8 +69,10 @@ def build(df: pd.DataFrame, histories: Mapping, axis: str, blocks: list[str], ta
     runs = runs_by_block(df, axis, blocks)
     values = {pa.scope: table_values(pa, runs, histories) for pa in paired}
     every = [s for by in values.values() for vs in by.values() for s in vs]
+    if not every:  # no variant shares a seed with the baseline: the loss verdicts say so
+        return Multipliers()
     if not any(s.reach is not None for s in every):
-        why = Counter(s.why for s in every).most_common(1)[0][0] if every else "no paired seeds"
+        why = Counter(s.why for s in every).most_common(1)[0][0]
         return Multipliers(values=values, sequential=sequential, absent=f"{why} on every seed")
     raw = [[paired_row(r.variant, tuple(s.block for s in ok), np.array([s.log_m for s in ok]), float("nan"),
                        n_resamples, seed)

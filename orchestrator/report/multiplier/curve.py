@@ -81,7 +81,9 @@ def reach(log_c, loss, target: float) -> Reach:
         i = int(hit[0])
         if i == 0:
             return Reach(float(x[0]), FIRST, AT_MOST, "the baseline's first evaluation already reaches it")
-        t = (y[i - 1] - target) / (y[i - 1] - y[i])  # y[i-1] > target >= y[i]
+        if y[i] == target:
+            return Reach(float(x[i]), INTERPOLATED)
+        t = (y[i - 1] - target) / (y[i - 1] - y[i])  # y[i-1] > target > y[i]
         return Reach(float(x[i - 1] + t * (x[i] - x[i - 1])), INTERPOLATED)
     return extrapolate(x, y, target)
 

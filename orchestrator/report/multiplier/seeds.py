@@ -26,6 +26,7 @@ from orchestrator.report.render.figures import finished
 
 CURVE = "val/loss"
 History = Mapping[str, Mapping[str, tuple[np.ndarray, np.ndarray]]]
+DECIMALS = 10  # of a log-multiplier: a relative 1e-10 of the multiplier
 NO_CURVE, NO_FLOPS, ONE_EVAL = "no `val/loss` curve", "no `model/flops_per_token`", "a single `val/loss` evaluation"
 
 
@@ -43,8 +44,10 @@ class SeedValue:
 
     @property
     def log_m(self) -> float:
-        """log(the baseline's FLOPs to reach ``target`` / ``flops``): NaN without a value."""
-        return self.reach.log_c - math.log(self.flops) if self.reach is not None else math.nan
+        """log(the baseline's FLOPs to reach ``target`` / ``flops``), rounded to ``DECIMALS``; NaN without a
+        value. Why rounded: the logs of ~1e15 FLOPs carry float noise of ~1e-14, and two models with the
+        same curve would otherwise differ by it, seed by seed, and get a verdict from it (``by_seed.snap``)."""
+        return round(self.reach.log_c - math.log(self.flops), DECIMALS) if self.reach is not None else math.nan
 
 
 def runs_by_block(df: pd.DataFrame, axis: str, blocks: list[str]) -> dict[tuple[str, Any], tuple[str, float]]:

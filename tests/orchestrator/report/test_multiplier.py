@@ -53,7 +53,7 @@ def test_a_seeds_multiplier_over_the_variants_own_flops():
     s = pair("all", "full", 0, ("v", 1.1e6), ("b", FPS), {"v": hist([10, 20], [3.2, 2.75]),
                                                           "b": hist(STEPS, LOSS)})
     assert s.target == 2.75 and s.flops == pytest.approx(2.2e7)
-    assert math.exp(s.log_m) == pytest.approx(2e7 * math.sqrt(2) / 2.2e7, rel=1e-12)
+    assert math.exp(s.log_m) == pytest.approx(2e7 * math.sqrt(2) / 2.2e7, rel=1e-9)  # log_m: 10 decimals
     # a baseline with one evaluation, or no FLOPs: no value, and why
     one = pair("all", "full", 0, ("v", FPS), ("b", FPS), {"v": hist([20], [2.7]), "b": hist([40], [2.5])})
     assert one.reach is None and "single `val/loss` evaluation" in one.why and math.isnan(one.log_m)
@@ -61,7 +61,7 @@ def test_a_seeds_multiplier_over_the_variants_own_flops():
     assert nofl.reach is None and "model/flops_per_token" in nofl.why
     step0 = pair("all", "full", 0, ("v", FPS), ("b", FPS), {"v": hist([0, 40], [9.0, 2.75]),
                                                             "b": hist([0, 10, 20, 40], [9.0, 4.0, 3.0, 2.5])})
-    assert math.exp(step0.log_m) == pytest.approx(2e7 * math.sqrt(2) / 4e7, rel=1e-12)  # step 0 has no log
+    assert math.exp(step0.log_m) == pytest.approx(2e7 * math.sqrt(2) / 4e7, rel=1e-9)  # step 0 has no log
 
 
 def law(c, a=2.0, b=2.0, e=0.5, c0=1e10):
