@@ -60,7 +60,8 @@ def fill(cl, sweep, routers, steps, overlap: bool) -> str:
     from mlflow.entities import Param
 
     exp = tracking.experiment_id(sweep, cl)
-    parent = cl.create_run(exp, start_time=T0, run_name=sweep, tags={"sweep": sweep, "sweep_role": "parent"}).info.run_id
+    tags = {"sweep": sweep, "sweep_role": "parent"}
+    parent = cl.create_run(exp, start_time=T0, run_name=sweep, tags=tags).info.run_id
     params = {"sweep.report.metric": "final/val_loss", "sweep.report.axis": "router",
               "sweep.report.baseline": "none", "sweep.axes": "router,seed"}
     cl.log_batch(parent, params=[Param(k, v) for k, v in params.items()])
@@ -139,7 +140,8 @@ def test_the_report_shows_it_in_ranking_verdicts_and_parent_run(field):
     md, s = field["md"], summary(field["out"])
     ranking = part(md, "### Ranking", "### All numbers")
     assert "compute multiplier [interval]" in ranking
-    full = f"{num(float(s['full']['compute_multiplier']), 3)}x [{num(float(s['full']['compute_multiplier_ci_low']), 3)}x"
+    full = s["full"]
+    full = f"{num(float(full['compute_multiplier']), 3)}x [{num(float(full['compute_multiplier_ci_low']), 3)}x"
     assert full in next(x for x in ranking.splitlines() if x.startswith("| ") and "| full |" in x)
     verdicts = part(md, "\n## Verdicts\n")
     mult = verdicts.split("### Compute multiplier")[1]
