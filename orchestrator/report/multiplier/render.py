@@ -26,6 +26,7 @@ from orchestrator.report.multiplier.seeds import SeedValue
 
 COLUMNS = ("compute_multiplier", "compute_multiplier_ci_low", "compute_multiplier_ci_high", "compute_multiplier_level",
            "compute_multiplier_verdict", "compute_multiplier_n", "compute_multiplier_extrapolated")
+HEADING = "### Worth in compute (multiplier)"  # not "Compute ...": a reader's split on "## Compute" finds the section
 WORDS = {BETTER: "better: worth more compute than it costs", WORSE: "worse: worth less compute than it costs",
          UNDECIDED: "not decided: the interval holds 1x"}
 
@@ -106,17 +107,17 @@ def seed_table(m: Multipliers) -> list[str]:
 
 
 def lines(m: Multipliers, metric: str) -> list[str]:
-    """The "Compute multiplier" part of the Verdicts section (one line when there is none)."""
+    """The "Worth in compute" part of the Verdicts section (one line when there is none)."""
     if m.absent:
-        return ["", "### Compute multiplier", "", f"No compute multiplier: {m.absent}. It reads the FLOPs the "
-                "baseline needs off the baseline's own `val/loss` curve against training FLOPs, which needs at least "
-                "two evaluations (`train.eval_interval`) and `model/flops_per_token`."]
+        return ["", HEADING, "", f"No compute multiplier: {m.absent}. It reads the FLOPs the baseline needs off the "
+                "baseline's own `val/loss` curve against training FLOPs, which needs at least two evaluations "
+                "(`train.eval_interval`) and `model/flops_per_token`."]
     if not m.rows:
         return []
     kind = ("sign confidence sequence of the median (the seeds were added until the loss verdicts decided)"
             if m.sequential else "sign interval of the median")
     note = "" if metric == "final/val_loss" else f" The report's metric is `{metric}`; the multiplier is of `val/loss`."
-    out = ["", "### Compute multiplier", "",
+    out = ["", HEADING, "",
            "How many times the training compute a variant is worth: per seed, the FLOPs the baseline's run on the "
            "same seed needs to reach the variant's final `val/loss` (its last evaluation), read off the baseline's "
            "own `val/loss` curve against training FLOPs (3 x `model/flops_per_token` x tokens) linearly in log FLOPs "

@@ -145,7 +145,7 @@ def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]
             "comparison below; '-': the variant's runs end before that budget, or no curve was logged); the verdict "
             "is the one of the Verdicts section, read off its interval."
             + (" Compute multiplier: how many times the compute the variant is worth, the median over seeds and "
-               "its interval (Verdicts, Compute multiplier)." if mult is not None else "")
+               "its interval (Verdicts, Worth in compute)." if mult is not None else "")
             + (" Step changes are co-scheduled (see All numbers), not overhead." if co_scheduled else ""))
     co = " (co-scheduled)" if co_scheduled else ""
     return table(["rank", "variant", "mean", "paired change (seeds)" if paired else "change", "verdict",

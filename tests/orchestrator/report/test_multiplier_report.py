@@ -144,7 +144,7 @@ def test_the_report_shows_it_in_ranking_verdicts_and_parent_run(field):
     full = f"{num(float(full['compute_multiplier']), 3)}x [{num(float(full['compute_multiplier_ci_low']), 3)}x"
     assert full in next(x for x in ranking.splitlines() if x.startswith("| ") and "| full |" in x)
     verdicts = part(md, "\n## Verdicts\n")
-    mult = verdicts.split("### Compute multiplier")[1]
+    mult = verdicts.split("### Worth in compute (multiplier)")[1]
     assert "compute-multiplier family: 2 comparison(s), each interval at 97.5%" in mult
     assert "- **full**: " in mult and "better: worth more compute than it costs" in mult
     assert "Extrapolated on 8 of 8 seeds (log-linear 8)" in mult
@@ -171,7 +171,7 @@ def test_one_evaluation_gives_one_line_and_runs_one_at_a_time(store):
     fill(cl, ONE, ("none", "full"), [50], overlap=False)
     out = build_report(ONE, out=root / "b", log_to_mlflow=False).parent
     md = (out / "report.md").read_text()
-    mult = md.split("### Compute multiplier")[1].split("\n## ")[0].strip().splitlines()
+    mult = md.split("### Worth in compute (multiplier)")[1].split("\n## ")[0].strip().splitlines()
     assert mult[0].startswith("No compute multiplier: the baseline's run has a single `val/loss` evaluation on "
                               "every seed.") and len(mult) == 1
     assert summary(out)["full"]["compute_multiplier"] == ""
