@@ -1,18 +1,13 @@
 """Sweep reports: MLflow runs -> statistics -> ``results/<sweep>/report.md``, ``summary.csv``, PNGs.
 
-Beside ``summary.csv``, ``per_seed.csv`` holds every sample the verdicts use (``orchestrator.report.per_seed``).
-
 ``build_report(sweep)`` (and ``lime report SWEEP``) reads the sweep's runs from MLflow, one row per
-trial, compares the metric across the values of one axis with ``orchestrator.report.compare.across_seeds`` and writes:
+trial, compares the metric across the values of one axis and writes (``per_seed.csv``: every sample
+the verdicts use, ``orchestrator.report.per_seed``):
 
 - a header with the design, alpha and the baseline's init and lr;
-- a table like the paper's (variant, n, mean +- std, 95% CI, change vs baseline, step time, peak
-  memory and parameter count with their change vs baseline);
-- a verdict per variant (better / worse / equivalent within the margin / not decided,
-  ``orchestrator.report.compare.verdicts``) from the paired analysis (``orchestrator.report.compare.by_seed``:
-  seeds as blocks, Friedman, paired permutation and Wilcoxon tests, Holm, effect sizes), then
-  the unpaired Kruskal-Wallis and Mann-Whitney tests of ``across_seeds.compare`` (after sequential
-  stopping those fixed-n tests are labelled not valid, ``orchestrator.report.render.sequential``);
+- a table like the paper's (variant, n, mean +- std, CI, change vs baseline, step time, memory, params);
+- a verdict per variant from the per-seed differences (``orchestrator.decide.rule``, through
+  ``orchestrator.report.compare``), labelled after sequential stopping (``render.sequential``);
 - with ``report.tune``, each variant at its own best value of the tuning axis
   (``orchestrator.report.compare.tuning``);
 - for a search sweep, its configurations against the best one, and the winner named
@@ -26,6 +21,8 @@ trial, compares the metric across the values of one axis with ``orchestrator.rep
   metric against depth;
 - plots: loss curves by step and by FLOPs, the final metric per seed, router heatmaps (mean over
   seeds of each run's normalized mean-|w| source map, from the ``router_weights.npz`` artifacts);
+- each variant's compute multiplier: the FLOPs the baseline needs to reach its final validation loss
+  over its own, per seed, with the verdict rule's interval (``orchestrator.report.multiplier``);
 - the iso-FLOP comparison (each variant at the baseline's final FLOP budget) and, when a variant
   was trained at several sizes, the scaling section (fits, multipliers, hold-out check, depth
   view; ``orchestrator.report.scaling``, whose numbers also go to the parent run as
@@ -68,9 +65,21 @@ from orchestrator.core.fmt import cell_text, norm_value, order_key, same_value
 from orchestrator.core.keys import ALIASES, FACTORS
 from orchestrator.core.status import TrialStatus
 from orchestrator.decide.verdict import Margin, check_margin_metrics
-from orchestrator.report import curves, eval_items, evaluation, per_seed, routing, scaling, search, unstable
+from orchestrator.report import (
+    cosched,
+    curves,
+    eval_items,
+    evaluation,
+    multiplier,
+    per_seed,
+    routing,
+    scaling,
+    search,
+    unstable,
+)
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
+from orchestrator.report.multiplier import render as mult_render
 from orchestrator.report.paper.refs import reference_for
 from orchestrator.report.render import sections, sequential, tables
 from orchestrator.report.render.figures import make_plots, mean_router_map, router_map_from_npz
@@ -136,8 +145,14 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                 out_dir / "pairs.csv", out_dir / "evaluation.csv", out_dir / eval_items.CSV, out_dir / PER_SEED]:
         old.unlink(missing_ok=True)
     rows = _summary_rows(sdf, comp, pa, depth_pairs, tuned, families.sequential)
+    # the compute each variant is worth (issue 35), and whether its step times were measured beside other trials
+    mult = multiplier.build(sdf, data.histories, choice.axis, blocks, tables_decided, choice.alpha, families.sequential,
+                            seed)
+    co = cosched.find(df, choice.axis)
+    mult_render.add_columns(rows, mult)
+    cosched.add_column(rows, co)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
-    seeds = per_seed.rows(tables_decided, blocks, seed)
+    seeds = per_seed.rows(tables_decided, blocks, seed, lambda *key: mult_render.seed_columns(mult, *key))
     if seeds:  # every sample the verdicts rest on (orchestrator.report.per_seed)
         pd.DataFrame(seeds).to_csv(out_dir / PER_SEED, index=False, float_format="%.17g", lineterminator="\n")
     pairs = [p for a in [pa] + [x for _, x in depth_pairs.values()] for p in tables.pair_rows(a, choice.metric)]
@@ -160,7 +175,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                         families=families, margin=choice.margin, iso=scal.iso,
                         sequential=sequential.lines(pa, waves, choice.decide, ref, mode, _abs_margin(choice))
                         if families.sequential else [],
-                        unstable=unstable_lines)
+                        unstable=unstable_lines, multipliers=mult, co_scheduled=co)
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
@@ -168,6 +183,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         if data.parent_run_id:
             cl.log_artifacts(data.parent_run_id, str(out_dir), artifact_path="report")
             scaling.log(cl, data.parent_run_id, scal)
+            scaling.log_metrics(cl, data.parent_run_id, mult_render.metrics(mult))
         else:
             print(f"note: sweep {sweep!r} has no parent run; the report is not logged to MLflow",
                   file=sys.stderr)

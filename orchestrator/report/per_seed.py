@@ -14,11 +14,14 @@ sequence for a sequential one). Columns:
 - ``diff``: value - baseline_value as the verdict used it (rounded to 12 significant digits of the
   values' scale, ``by_seed.snap``), empty where the block is not paired;
 - ``paired``: whether the block is one of the comparison's pairs; ``resample_seed``: the seed of the
-  sign-flip interval's resampling (a report's ``seed``).
+  sign-flip interval's resampling (a report's ``seed``);
+- ``log_multiplier``, ``multiplier_read``: a variant's compute multiplier on that block, as its log
+  (the sample of the multiplier's verdict), and how it was read (``orchestrator.report.multiplier.render``).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.core.fmt import norm_value, order_key
@@ -33,8 +36,10 @@ def _block(b: Any, names: list[str] | None = None) -> str:
     return ",".join(map(str, b))
 
 
-def rows(analyses: list[PairedAnalysis], blocks: list[str] | None = None, resample_seed: int = 0) -> list[dict]:
-    """The per_seed.csv rows of a report's paired tables (the pooled one, then one per depth)."""
+def rows(analyses: list[PairedAnalysis], blocks: list[str] | None = None, resample_seed: int = 0,
+         extra: Callable[[str, Any, Any], dict] | None = None) -> list[dict]:
+    """The per_seed.csv rows of a report's paired tables (the pooled one, then one per depth);
+    ``extra(scope, variant, block)``: more columns of a row (the same keys for every row)."""
     out = []
     for pa in analyses:
         base = pa.values.get(pa.baseline, {}) if pa.baseline is not None else {}
@@ -48,5 +53,6 @@ def rows(analyses: list[PairedAnalysis], blocks: list[str] | None = None, resamp
                 out.append({"scope": pa.scope, "metric": pa.metric, "axis": pa.axis, "variant": norm_value(variant),
                             "baseline": variant == pa.baseline, "block": _block(b, blocks), "value": vals[b],
                             "baseline_value": base.get(b, math.nan), "diff": paired.get(b, math.nan),
-                            "paired": b in paired, "resample_seed": resample_seed})
+                            "paired": b in paired, "resample_seed": resample_seed,
+                            **(extra(pa.scope, variant, b) if extra else {})})
     return out

@@ -209,7 +209,7 @@ def load_runs(name: str, metric: str = DEFAULT_METRIC, cl=None) -> SweepRuns:
     """The sweep's trial runs as a frame (one row per trial) plus per-step histories.
 
     Columns: ``trial_id run_id run_name status mlflow_status git_sha``, the aliases of FACTORS and
-    ``seed`` (cast values), ``wall_time_s step_time_ms peak_mem_mb mem_metric steps_done tokens
+    ``seed`` (cast values), ``wall_time_s start_ms end_ms step_time_ms peak_mem_mb mem_metric steps_done tokens
     flops_per_step flops``, every param as ``params.<key>`` (cast), every non-MLflow tag as
     ``tags.<key>`` (string) and every metric's last value under its own key. ``metric`` decides
     which run of a trial is kept when there are several.
@@ -234,6 +234,7 @@ def _row(r, hist: dict[str, tuple[np.ndarray, np.ndarray]]) -> dict:
         row[k] = _lookup(params, tags, k)
     start, end = r.info.start_time, r.info.end_time
     row["wall_time_s"] = (end - start) / 1000.0 if start and end and end >= start else math.nan
+    row["start_ms"], row["end_ms"] = (start or math.nan), (end or math.nan)  # who ran beside whom (``cosched``)
 
     def finite(key):
         v = hist.get(key, (np.zeros(0), np.zeros(0)))[1]

@@ -77,7 +77,7 @@ def analyze(df: pd.DataFrame, comp: Comparison, blocks: Sequence[str] = ("seed",
     return out
 
 
-def _block_key(row: pd.Series, blocks: list[str]) -> Any:
+def block_key(row: pd.Series, blocks: list[str]) -> Any:
     keys = tuple(norm_value(row[b]) for b in blocks)
     return keys[0] if len(keys) == 1 else keys
 
@@ -85,7 +85,7 @@ def _block_key(row: pd.Series, blocks: list[str]) -> Any:
 def _block_values(df: pd.DataFrame, comp: Comparison, blocks: list[str]) -> tuple[dict, str]:
     """Per group value: {block: metric} over the samples; and a description of repeats, if any."""
     rows = Rows.of(df, comp.metric, comp.axis)
-    keys = [_block_key(r, blocks) for _, r in df.iterrows()]
+    keys = [block_key(r, blocks) for _, r in df.iterrows()]
     known = {str(norm_value(g.value)): g.value for g in comp.groups}
     values: dict[Any, dict[Any, float]] = {}
     counts: Counter = Counter()
@@ -159,20 +159,21 @@ def _pairs(values: dict, tested: list, comp: Comparison, mode: str, margin: Marg
         d = snap(np.array([values[g][b] - values[base][b] for b in common]),
                  max((abs(values[x][b]) for x in (g, base) for b in common), default=0.0))
         base_mean = float(np.mean([values[base][b] for b in common])) if common else math.nan
-        rows.append(_row(g, common, d, base_mean, comp))
+        rows.append(paired_row(g, common, d, base_mean, comp.n_resamples, comp.seed))
     family = Family(BASELINE, sum(1 for r in rows if r.n >= 2), comp.alpha)
     return decide_rows(rows, family, mode, margin, n_resamples=comp.n_resamples, seed=comp.seed)
 
 
-def _row(g, common: list, d: np.ndarray, base_mean: float, comp: Comparison) -> PairedRow:
-    """One comparison's own numbers; its interval, verdict and family-wide p come from ``decide_rows``."""
+def paired_row(g, common: Sequence, d: np.ndarray, base_mean: float, n_resamples: int, seed: int) -> PairedRow:
+    """One comparison's own numbers (``common``: its blocks, ``d``: its per-block differences); its
+    interval, verdict and family-wide p come from ``decide_rows`` (or ``decisions.baseline_family``)."""
     nan = math.nan
     n = len(d)
     mean = float(np.mean(d)) if n else nan
     sd = float(np.std(d, ddof=1)) if n > 1 else nan
     rel = 100.0 * mean / abs(base_mean) if n and base_mean == base_mean and base_mean != 0 else nan
     dz = mean / sd if n > 1 and sd > 0 else nan
-    p_perm, perm_method, _ = sign_flip_test(d, comp.n_resamples, comp.seed) if n >= 2 else (nan, "", 0)
+    p_perm, perm_method, _ = sign_flip_test(d, n_resamples, seed) if n >= 2 else (nan, "", 0)
     w_plus, p_wil, wil_method, zeros = wilcoxon(d) if n >= 2 else (nan, nan, "", 0)
     return PairedRow(variant=g, n=n, seeds=tuple(common), base_mean=base_mean, diff_mean=mean, diff_pct=rel,
                      diff_sd=sd, d_z=dz, ci_low=nan, ci_high=nan, confidence=nan, p_perm=p_perm,

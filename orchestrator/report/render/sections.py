@@ -15,9 +15,10 @@ from orchestrator.decide import signs
 from orchestrator.decide.families import FAMILY_NOTE
 from orchestrator.decide.intervals import HULL
 from orchestrator.decide.sequential import METHOD as CS
-from orchestrator.report import efficiency
+from orchestrator.report import cosched, efficiency
 from orchestrator.report.compare import tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
+from orchestrator.report.multiplier import render as mult
 from orchestrator.report.paper import fidelity
 from orchestrator.report.paper.refs import PaperRef
 from orchestrator.report.render import tables
@@ -58,6 +59,8 @@ class ReportData:
     evidence: str = "screening"  # "screening" (one sweep) or "pooled" (``lime report --pool``)
     iso: dict[str, tuple[float, float]] = field(default_factory=dict)  # variant -> (metric, diff) at equal FLOPs
     unstable: list[str] = field(default_factory=list)  # the "Unstable trials" section (orchestrator.report.unstable)
+    multipliers: Any = None  # ``orchestrator.report.multiplier.Multipliers``: the compute multipliers, or None
+    co_scheduled: Any = None  # ``orchestrator.report.cosched.CoScheduled``: trials that ran beside others, or None
 
 
 def markdown(r: ReportData) -> str:
@@ -151,14 +154,21 @@ def results(r: ReportData) -> list[str]:
     lines = ["", "## Results", ""]
     rows = [row for row in r.rows if row["scope"] == "all"]
     if len(rows) >= 3:  # a field of variants: ranked first, by the metric and by it at equal compute
-        lines += ["### Ranking", ""] + tables.ranking_table(rows, r.iso, r.mode, r.metric) + ["", "### All numbers", ""]
-    lines += tables.paper_table(rows, r.comp.confidence, _seq(r))
+        column = mult.ranking(r.multipliers) if r.multipliers is not None and r.multipliers.rows else None
+        ranked = tables.ranking_table(rows, r.iso, r.mode, r.metric, column, _co(r))
+        lines += ["### Ranking", "", *ranked, "", "### All numbers", ""]
+    lines += tables.paper_table(rows, r.comp.confidence, _seq(r), _co(r))
     pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
     tuned = f" Each variant at its chosen `{r.tuned.axis}` (see Tuning)." if r.tuned else ""
     return lines + ["", "Mean, std and Student's t CI of the mean are over finished seeds. Step time is the "
                     f"median `perf/step_time_ms` of a run, peak memory {memory_text(r.sdf)}, params "
                     "`model/params`; each is averaged over the finished seeds of a variant. Changes are "
-                    "relative to the baseline's mean." + pooled + tuned]
+                    "relative to the baseline's mean." + pooled + tuned] + ([
+                        "", cosched.text(r.co_scheduled)] if r.co_scheduled is not None else [])
+
+
+def _co(r: ReportData) -> bool:
+    return r.co_scheduled is not None and r.co_scheduled.any
 
 
 def memory_text(df) -> str:
@@ -175,7 +185,8 @@ def memory_text(df) -> str:
 
 
 def verdict_section(r: ReportData) -> list[str]:
-    return ["", "## Verdicts", "", *decision_rules(r), "", *verdict_lines(r.paired)]
+    return (["", "## Verdicts", "", *decision_rules(r), "", *verdict_lines(r.paired)]
+            + (mult.lines(r.multipliers, r.metric) if r.multipliers is not None else []))
 
 
 def decision_rules(r: ReportData) -> list[str]:
@@ -269,7 +280,7 @@ def results_by_depth(r: ReportData) -> list[str]:
         scope = f"n_layers={cell_text(d)}"
         lines += [f"### n_layers = {cell_text(d)}", ""]
         lines += tables.paper_table([row for row in r.rows if row["scope"] == scope], c.confidence,
-                                    _seq(r))
+                                    _seq(r), _co(r))
         lines += ["", "Verdicts:", "", *verdict_lines(pa), "", f"Paired analysis{tag}:", "",
                   paired_markdown(pa).rstrip(), "", f"Unpaired analysis{tag}:", "", comparison_markdown(c).rstrip(), ""]
     return lines
@@ -299,7 +310,8 @@ def compute(r: ReportData) -> list[str]:
     return (["", "## Compute", ""] + tables.compute_table(r.df, r.labels)
             + ["", "All trials count, failed and diverged included (steps actually reached). Tokens = "
                "steps x batch x seq_len x grad_accum; wall time = run end - run start in MLflow."]
-            + efficiency.lines(r.df, r.data.parent_metrics))
+            + efficiency.lines(r.df, r.data.parent_metrics)
+            + (["", cosched.text(r.co_scheduled)] if _co(r) else []))
 
 
 def reproducibility(r: ReportData) -> list[str]:

@@ -79,8 +79,10 @@ def group_rows(comp: Comparison, df: pd.DataFrame, scope: str) -> list[dict[str,
     return out
 
 
-def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95, stopped: bool = False) -> list[str]:
-    """``stopped``: the seeds were added until decided, so the t CI of a mean is labelled not valid."""
+def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95, stopped: bool = False,
+                co_scheduled: bool = False) -> list[str]:
+    """``stopped``: the seeds were added until decided, so the t CI of a mean is labelled not valid;
+    ``co_scheduled``: the step times were measured beside other trials (``orchestrator.report.cosched``)."""
     level = f"{confidence * 100:g}%"
     body = []
     for r in rows:
@@ -91,7 +93,8 @@ def paper_table(rows: list[dict[str, Any]], confidence: float = 0.95, stopped: b
                      num(r["peak_mem_mb"], 5), pct(r["peak_mem_change_pct"]), num(r["params"], 12),
                      pct(r["params_change_pct"])])
     ci = f"{level} CI" + (" (not valid after optional stopping)" if stopped else "")
-    return table(["variant", "n", "mean ± std", ci, "change", "step ms", "step change",
+    co = " (co-scheduled)" if co_scheduled else ""
+    return table(["variant", "n", "mean ± std", ci, "change", f"step ms{co}", f"step change{co}",
                   "peak MB", "memory change", "params", "params change"], body)
 
 
@@ -104,13 +107,15 @@ def _paired_key(r: dict[str, Any]) -> float:
 
 
 def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]], mode: str,
-                  metric: str) -> list[str]:
+                  metric: str, mult: dict[str, str] | None = None, co_scheduled: bool = False) -> list[str]:
     """The variants ranked by their paired change against the baseline (each variant's mean per-seed
     difference over the seeds it shares with the baseline: a variant stopped early at 8 seeds is not
     ranked by its 8-seed mean against the baseline's 32-seed mean), beside their rank at the
     baseline's training FLOPs (``iso``: the iso-FLOP comparison's value at that budget; "-" where a
     variant's runs end before it), their verdict against the baseline, step time and training
-    memory. Rows without paired columns (an unpaired design) rank by their own means."""
+    memory; with ``mult`` (variant -> text) the compute multiplier and its interval
+    (``orchestrator.report.multiplier``). Rows without paired columns (an unpaired design) rank by their own
+    means."""
     sign = 1.0 if mode == "min" else -1.0
     paired = any(not r["baseline"] and math.isfinite(_paired_key(r)) for r in rows)
     key_of = _paired_key if paired else (lambda r: r["mean"])
@@ -131,16 +136,21 @@ def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]
             change = pct(r["change_pct"])
         body.append([str(i + 1), name, num(r["mean"]), change, str(r.get("verdict") or "-"),
                      str(iso_rank[key]) if key in iso_rank else "-", num(v[0]) if v else "-",
-                     pct(r["step_time_change_pct"]), pct(r["peak_mem_change_pct"])])
+                     pct(r["step_time_change_pct"]), pct(r["peak_mem_change_pct"])]
+                    + ([("-" if r["baseline"] else mult.get(key, "-"))] if mult is not None else []))
     by = ("by the paired change: each variant's mean per-seed difference to the baseline over the seeds both have"
           if paired else f"by the mean `{cell(metric)}` over seeds")
     note = (f"Rank {by} ({'lower' if mode == 'min' else 'higher'} is better); the mean column is each variant's own "
             "mean over its seeds; equal-FLOPs rank: by `val/loss` at the baseline's final training FLOPs (the Iso-FLOP "
             "comparison below; '-': the variant's runs end before that budget, or no curve was logged); the verdict "
-            "is the one of the Verdicts section, read off its interval.")
+            "is the one of the Verdicts section, read off its interval."
+            + (" Compute multiplier: how many times the compute the variant is worth, the median over seeds and "
+               "its interval (Verdicts, Worth in compute)." if mult is not None else "")
+            + (" Step changes are co-scheduled (see All numbers), not overhead." if co_scheduled else ""))
+    co = " (co-scheduled)" if co_scheduled else ""
     return table(["rank", "variant", "mean", "paired change (seeds)" if paired else "change", "verdict",
-                  "rank at equal FLOPs", "val/loss at the baseline's FLOPs", "step change", "memory change"],
-                 body) + ["", note]
+                  "rank at equal FLOPs", "val/loss at the baseline's FLOPs", f"step change{co}", "memory change"]
+                 + (["compute multiplier [interval]"] if mult is not None else []), body) + ["", note]
 
 
 def left_out(df: pd.DataFrame, metric: str, axis: str) -> list[dict[str, Any]]:

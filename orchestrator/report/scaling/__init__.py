@@ -29,7 +29,7 @@ from orchestrator.report.scaling import depth, fits, isoflop, markdown
 from orchestrator.report.scaling.figure import plot_scaling
 from orchestrator.report.scaling.rungs import build_lines, has_size_axis
 
-__all__ = ["ScalingSection", "build", "log"]
+__all__ = ["ScalingSection", "build", "log", "log_metrics"]
 PLOT = "scaling.png"
 
 
@@ -80,11 +80,16 @@ def build(df: pd.DataFrame, histories: Mapping[str, Any], metric: str, axis: str
 
 def log(cl, run_id: str | None, sec: ScalingSection) -> None:
     """The section's numbers as metrics of the parent run (step 0)."""
-    if not run_id or not sec.metrics:
+    log_metrics(cl, run_id, sec.metrics)
+
+
+def log_metrics(cl, run_id: str | None, metrics: dict[str, float]) -> None:
+    """Numbers as metrics of the parent run (step 0; NaN and infinite values are left out)."""
+    if not run_id or not metrics:
         return
     from mlflow.entities import Metric
 
     ts = int(time.time() * 1000)
-    ms = [Metric(k, float(v), ts, 0) for k, v in sorted(sec.metrics.items()) if math.isfinite(v)]
+    ms = [Metric(k, float(v), ts, 0) for k, v in sorted(metrics.items()) if math.isfinite(v)]
     for i in range(0, len(ms), 1000):  # MLflow's batch limit
         cl.log_batch(run_id, metrics=ms[i:i + 1000])

@@ -118,7 +118,7 @@ def test_a_reports_intervals_come_back_from_its_per_seed_csv(tmp_path, monkeypat
     assert check_intervals(out) == 3 * 3
     rows = list(csv.DictReader(open(out / "per_seed.csv")))
     assert list(rows[0]) == ["scope", "metric", "axis", "variant", "baseline", "block", "value", "baseline_value",
-                             "diff", "paired", "resample_seed"]
+                             "diff", "paired", "resample_seed", "log_multiplier", "multiplier_read"]
     # the pooled table blocks by seed and depth (so does each depth's, where depth is constant):
     # 3 variants x 8 seeds x 2 depths, then 3 x 8 per depth
     assert len(rows) == 3 * 8 * 2 + 2 * 3 * 8
