@@ -122,7 +122,8 @@ def cmd_analyze(args) -> int:
             raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
         opened[label] = (cfg, ck, args.run_id or ck.get("run_id"))
     if args.run_id:  # a run named on the command line must be there
-        existing_run(args.run_id, existing_client(f"--run-id {args.run_id}"))
+        instead = "or leave out --run-id (each checkpoint's own run is logged to where the store has it)"
+        existing_run(args.run_id, existing_client(f"--run-id {args.run_id}", instead=instead), instead=instead)
     else:  # a checkpoint's own run: logged to when its store has it, else said (nothing is created)
         for label, (cfg, ck, run) in list(opened.items()):
             if run and not _reachable(run):

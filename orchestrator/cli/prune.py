@@ -31,6 +31,7 @@ from orchestrator.evaluation.prune import markdown, metrics, open_prunable, prun
 from orchestrator.sweep.checkpoints import resolve_target
 
 LEVEL = 0.95
+TITLE = "# Post-hoc top-p pruning of router weights"  # the summary's first line: an --out that is there is replaced
 
 
 def _label(ref: str, path: Path, taken: set[str]) -> str:
@@ -64,7 +65,7 @@ def cmd_prune(args) -> int:
         raise ConfigError("--run-id: only with one target (each target logs to its own run)")
     out = Path(args.out) if args.out else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
         f"top_p_{args.top_p:g}.md"
-    check_out_file(out, "--out")
+    check_out_file(out, "--out", own=("lime prune", TITLE))
     if args.save:
         check_out_folder(args.save, "--save")
     # every target read and checked (a checkpoint with a prunable router, a run that is there, a
@@ -95,7 +96,7 @@ def cmd_prune(args) -> int:
         if args.save:
             folder = Path(args.save) if len(args.targets) == 1 else Path(args.save) / label
             print(f"{label}: pruned model saved to {save_pruned(p, folder)}")
-    lines = [f"# Post-hoc top-p pruning of router weights (top_p = {args.top_p:g})", "",
+    lines = [f"{TITLE} (top_p = {args.top_p:g})", "",
              "Per routed head the smallest set of weights whose share of the row's |weight| first exceeds top_p "
              "is kept (lime_arch/prune.py); validation loss on each trial's own validation batches.", ""]
     for label, (p, _) in results.items():
