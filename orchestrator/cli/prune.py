@@ -11,7 +11,8 @@ DIR/<label>/). With two or more targets (the seeds of one variant) the loss chan
 gets the paired interval and verdict of the reports (``orchestrator.decide.rule``: the median's sign
 interval at 95%, the mean's beside it,
 ``--margin`` for equivalence). The markdown goes to ``--out`` (default
-``$LIME_RESULTS/prune/top_p_<p>.md``).
+``$LIME_RESULTS/prune/top_p_<p>.md``); a file already there is replaced only when it is an earlier
+summary of ``lime prune`` (its first line), anything else is refused before the work.
 """
 from __future__ import annotations
 
