@@ -21,8 +21,12 @@ from orchestrator.engine.trial_config import TrialConfig
 
 
 def _open(spec: str) -> tuple[str, TrialConfig, dict]:
-    """(label, trial config, checkpoint) of ``label=path`` or ``path``: read and checked, no model built."""
-    label, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    """(label, trial config, checkpoint) of ``label=path`` or ``path``: read and checked, no model built.
+    A path that exists is a path even with '=' in it (a sweep trial's folder, ``router=full,seed=0``);
+    otherwise the label ends at the first '='."""
+    label, _, path = ("", "", spec) if "=" not in spec or Path(spec).expanduser().exists() else spec.partition("=")
+    if not path:
+        raise ConfigError(f"checkpoints: {spec!r} names no checkpoint after its label; give label=path")
     _, ck = read_model_checkpoint(path)
     cfg = TrialConfig.from_dict(ck["config"])
     return label or cfg.model_config(vocab_size=ck.get("vocab_size")).router, cfg, ck

@@ -249,3 +249,28 @@ def test_reports_own_folder_and_pool_names_are_checked_before_the_store(capsys, 
             f"error: report --pool: name two or more different sweeps, got {pool!r}")
     assert sorted(p.name for p in nowhere.iterdir()) == ["out"]
     assert sorted(p.name for p in (nowhere / "out").iterdir()) == ["pool-a-b", "some-sweep"]
+
+
+def test_analyze_reads_a_trial_folder_with_equals_signs_as_a_path(capsys, trained, nowhere, monkeypatch):
+    import shutil
+
+    import orchestrator.cli.analyze as analyze
+
+    trial = nowhere / "router=full,seed=0"  # how a sweep names its trials' folders
+    shutil.copytree(trained["full"], trial)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def stop(model, data, **k):
+        seen.append(type(model).__name__)
+        raise Stop
+
+    monkeypatch.setattr(analyze, "analyze_model", stop)
+    for spec in (str(trial), f"mine={trial}"):
+        with pytest.raises(Stop):  # opened and built: the analysis itself is what is stubbed
+            main(["analyze", spec, "--out", str(nowhere / "an")])
+    assert seen == ["LIMeDecoder", "LIMeDecoder"]
+    assert _refused(capsys, ["analyze", "mine=", "--out", "an"]) == (
+        "error: checkpoints: 'mine=' names no checkpoint after its label; give label=path")
