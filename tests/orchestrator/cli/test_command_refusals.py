@@ -274,3 +274,18 @@ def test_analyze_reads_a_trial_folder_with_equals_signs_as_a_path(capsys, traine
     assert seen == ["LIMeDecoder", "LIMeDecoder"]
     assert _refused(capsys, ["analyze", "mine=", "--out", "an"]) == (
         "error: checkpoints: 'mine=' names no checkpoint after its label; give label=path")
+
+
+def test_eval_of_a_synthetic_task_model_is_refused_before_task_data_is_written(capsys, nowhere):
+    cfg = TrialConfig.from_dict({
+        "preset": "tiny", "model": {"n_layers": 2, "d_model": 16, "n_heads": 2, "ffn_dim": 32, "max_seq_len": 64},
+        "data": {"source": "prosqa"},
+        "train": {"steps": 1, "batch_size": 2, "seq_len": 64, "log_interval": 1, "eval_batches": 1,
+                  "checkpoint_dir": str(nowhere / "task")}})
+    run_trial(cfg, tracking=Tracking(enabled=False))
+    made = sorted(p.name for p in nowhere.iterdir())
+    assert _refused(capsys, ["eval", str(nowhere / "task"), "--tasks", "lime_kv", "--no-log"]) == (
+        "error: data.source: the trial was trained on the synthetic task 'prosqa', whose character vocabulary cannot "
+        "read the text of downstream tasks; evaluate trials of the builtin, text or hf sources (byte, bpe, GPT-2 or "
+        "tokenizer.json tokenizers)")
+    assert sorted(p.name for p in nowhere.iterdir()) == made  # lime_kv's data was not generated into the cache
