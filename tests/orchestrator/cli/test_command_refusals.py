@@ -283,9 +283,9 @@ def test_eval_of_a_synthetic_task_model_is_refused_before_task_data_is_written(c
         "train": {"steps": 1, "batch_size": 2, "seq_len": 64, "log_interval": 1, "eval_batches": 1,
                   "checkpoint_dir": str(nowhere / "task")}})
     run_trial(cfg, tracking=Tracking(enabled=False))
-    made = sorted(p.name for p in nowhere.iterdir())
+    made = sorted(map(str, nowhere.rglob("*")))
     assert _refused(capsys, ["eval", str(nowhere / "task"), "--tasks", "lime_kv", "--no-log"]) == (
         "error: data.source: the trial was trained on the synthetic task 'prosqa', whose character vocabulary cannot "
         "read the text of downstream tasks; evaluate trials of the builtin, text or hf sources (byte, bpe, GPT-2 or "
         "tokenizer.json tokenizers)")
-    assert sorted(p.name for p in nowhere.iterdir()) == made  # lime_kv's data was not generated into the cache
+    assert sorted(map(str, nowhere.rglob("*"))) == made  # lime_kv's data was not generated into the cache
