@@ -4,6 +4,7 @@ tokens), the strongest routes with the tokens where they fire and the logit lens
 router's keys (``orchestrator.analysis.routes``)."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -112,8 +113,8 @@ def cmd_analyze(args) -> int:
     words = tuple(w.strip().lower() for w in args.words.split(",") if w.strip())
     if len(words) < 2:
         raise ConfigError("--words: need at least two comma-separated words")
-    if not args.alpha > 0:
-        raise ConfigError(f"--alpha: must be > 0, got {args.alpha}")
+    if not 0 < args.alpha < math.inf:  # the entropy of order inf would fail after the models are loaded
+        raise ConfigError(f"--alpha: must be a finite number > 0 (the Renyi entropy's order), got {args.alpha}")
     if args.routes < 0:
         raise ConfigError(f"--routes: must be >= 0, got {args.routes}")
     if args.sequences < 1:

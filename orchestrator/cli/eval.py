@@ -82,6 +82,8 @@ def check_device(name: str) -> str:
 
 
 def cmd_eval(args) -> int:
+    if args.run_id and args.no_log:
+        raise ConfigError("--run-id: names the run to log to, but --no-log logs nothing; drop one of them")
     settings = settings_from_args(args)
     check_device(args.device)
     # before the model is scored, not after (the default: a folder under $LIME_RESULTS/eval)

@@ -16,6 +16,7 @@ summary of ``lime prune`` (its first line), anything else is refused before the 
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -60,8 +61,10 @@ def paired_lines(changes: dict[str, float], margin: float | None) -> list[str]:
 def cmd_prune(args) -> int:
     if not 0 < args.top_p < 1:
         raise ConfigError(f"--top-p: must be in (0, 1), got {args.top_p}")
-    if args.margin is not None and not args.margin > 0:
-        raise ConfigError(f"--margin: must be > 0, got {args.margin}")
+    if args.margin is not None and not 0 < args.margin < math.inf:  # inf would call every change equivalent
+        raise ConfigError(f"--margin: must be a finite number > 0 (nats of loss), got {args.margin}")
+    if args.run_id and args.no_log:
+        raise ConfigError("--run-id: names the run to log to, but --no-log logs nothing; drop one of them")
     if args.run_id and len(args.targets) > 1:
         raise ConfigError("--run-id: only with one target (each target logs to its own run)")
     out = Path(args.out) if args.out else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
