@@ -71,6 +71,16 @@ def test_bad_flags_are_refused_before_the_model_loads(capsys, trained, nowhere):
     assert _refused(capsys, ["eval", ck, "--tasks", "lime_kv", "--device", "tpu", "--no-log"]) == (
         "error: --device: must be auto, cpu, cuda or cuda:<index>, got 'tpu'")
     assert _refused(capsys, ["analyze", ck, "--sequences", "0"]) == "error: --sequences: must be >= 1, got 0"
+    for alpha in ("inf", "nan", "0"):
+        assert _refused(capsys, ["analyze", ck, "--alpha", alpha]) == (
+            f"error: --alpha: must be a finite number > 0 (the Renyi entropy's order), got {float(alpha)}")
+    for margin in ("inf", "-1"):
+        assert _refused(capsys, ["prune", ck, ck, "--top-p", "0.9", "--margin", margin, "--no-log"]) == (
+            f"error: --margin: must be a finite number > 0 (nats of loss), got {float(margin)}")
+    both = "error: --run-id: names the run to log to, but --no-log logs nothing; drop one of them"
+    assert _refused(capsys, ["eval", ck, "--tasks", "lime_kv", "--run-id", "abc", "--no-log"]) == both
+    assert _refused(capsys, ["prune", ck, "--top-p", "0.9", "--run-id", "abc", "--no-log"]) == both
+    assert list(nowhere.iterdir()) == []
 
 
 def test_outputs_that_cannot_be_written_are_refused_before_the_work(capsys, trained, nowhere):
