@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lime_arch import build_model
 from lime_arch.errors import ConfigError
+from orchestrator.engine.trial_config import TrialConfig
 
 CKPT_NAME = "checkpoint.pt"
 FORMAT_KEY, FORMAT_VERSION = "format_version", 1  # written since 1; older checkpoints have no key (0)
@@ -128,8 +130,6 @@ def read_model_checkpoint(path: str | Path, flag: str = "checkpoint") -> tuple[P
     no memory, before any data is read), so a checkpoint that is not one is a line, not a
     traceback halfway through the command's work."""
     f, ck = checkpoint_path(path, flag, None), read_checkpoint(path, flag, needs=MODEL, hint=None)
-    from orchestrator.engine.trial_config import TrialConfig  # pydantic: only once a file was read
-
     weights = ck["model"]
     if not isinstance(ck["config"], dict) or not isinstance(weights, dict) or \
             not all(isinstance(v, torch.Tensor) for v in weights.values()):
@@ -150,8 +150,6 @@ def weight_mismatch(mcfg, weights: dict) -> str | None:
     """What keeps ``weights`` (a state dict) from loading into the model of ``mcfg`` (a
     ``lime_arch.ModelConfig``), as ``load_state_dict`` would find it: keys missing or unexpected,
     shapes that differ; None when they load. The model is built on the meta device."""
-    from lime_arch import build_model
-
     with torch.device("meta"):
         own = {k: tuple(v.shape) for k, v in build_model(mcfg).state_dict().items()}
     missing = [k for k in own if k not in weights]
