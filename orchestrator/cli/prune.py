@@ -67,10 +67,10 @@ def cmd_prune(args) -> int:
         raise ConfigError("--run-id: names the run to log to, but --no-log logs nothing; drop one of them")
     if args.run_id and len(args.targets) > 1:
         raise ConfigError("--run-id: only with one target (each target logs to its own run)")
-    out = Path(args.out) if args.out else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
+    out = args.out if args.out is not None else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
         f"top_p_{args.top_p:g}.md"
-    check_out_file(out, "--out", own=("lime prune", TITLE))
-    if args.save:
+    out = check_out_file(out, "--out", own=("lime prune", TITLE))
+    if args.save is not None:
         check_out_folder(args.save, "--save")
     # every target read and checked (a checkpoint with a prunable router, a run that is there, a
     # free --save folder) before any compute

@@ -24,6 +24,14 @@ def _writable(existing: Path, flag: str, shown: str) -> None:
                           f"choose a folder you can write to (got {shown!r})") from None
 
 
+def _given(path: str | Path, flag: str, kind: str) -> str:
+    """The path as given; an empty one is a mistake (``Path("")`` is the working directory)."""
+    shown = str(path)
+    if not shown.strip():
+        raise ConfigError(f"{flag}: empty; give the path of the {kind} to write")
+    return shown
+
+
 def _nearest(path: Path, flag: str, shown: str) -> Path:
     """``path`` or its nearest existing ancestor, which must be a folder."""
     for parent in (path, *path.parents):
@@ -37,7 +45,7 @@ def _nearest(path: Path, flag: str, shown: str) -> Path:
 def check_out_folder(path: str | Path, flag: str, *, empty: bool = False) -> Path:
     """A folder the command will create (or write into): not an existing file, under a folder this
     process can write to; ``empty``: an existing folder must hold nothing (exports never overwrite)."""
-    shown = str(path)
+    shown = _given(path, flag, "folder")
     p = Path(path).expanduser()
     if p.exists():
         if not p.is_dir():
@@ -55,7 +63,7 @@ def check_out_file(path: str | Path, flag: str, *, own: tuple[str, str] | None =
     existing file is replaced only when it is the command's own earlier output: ``own`` is (the
     command, the start of the first line it writes); anything else there (a typo's target, a
     user's notes) is refused rather than overwritten."""
-    shown = str(path)
+    shown = _given(path, flag, "file")
     p = Path(path).expanduser()
     if p.is_dir():
         raise ConfigError(f"{flag}: {shown!r} is a folder; give the path of the file to write")

@@ -109,6 +109,12 @@ def test_outputs_that_cannot_be_written_are_refused_before_the_work(capsys, trai
         assert _refused(capsys, argv) == (
             f"error: {flag}: cannot write under '/sys' (Permission denied); choose a folder you can write to "
             f"(got {UNWRITABLE!r})"), argv
+    for argv, flag, kind in [(["eval", ck, "--tasks", "lime_kv", "--no-log", "--out", ""], "--out", "folder"),
+                             (["analyze", ck, "--out", ""], "--out", "folder"),
+                             (["export", ck, "--to", ""], "--to", "folder"),
+                             (["prune", ck, "--top-p", "0.9", "--no-log", "--save", ""], "--save", "folder"),
+                             (["prune", ck, "--top-p", "0.9", "--no-log", "--out", " "], "--out", "file")]:
+        assert _refused(capsys, argv) == f"error: {flag}: empty; give the path of the {kind} to write", argv
     assert (nowhere / "afile").read_text() == "mine\n"
     assert sorted(p.name for p in nowhere.iterdir()) == ["adir", "afile"]  # no store, no results, no cache
     assert list((nowhere / "adir").iterdir()) == []

@@ -184,3 +184,20 @@ def test_more_than_this_machine_has_is_refused_before_ray_loads(tmp_path, monkey
     assert out["cpu"] == [2, "", f"error: resources.cpu: 100000 per trial, but this machine has {out['cpus']} CPUs "
                                  "(local Ray); lower it or connect to a cluster (--address or RAY_ADDRESS)\n"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-giant.yaml", "gpu-giant.yaml"]  # no store, no results
+
+
+def test_a_sequential_margin_must_be_the_compared_metrics(tmp_path, capsys):
+    # the waves stop on final/val_loss: a margin for another metric only would leave them without one
+    path = _sweep(tmp_path, "waves", **DECIDE)
+    assert _line(capsys, ["sweep", "run", str(path), "--until-decided", "--margin", "foo/bar=0.1"]) == (
+        "error: --margin: names a margin for 'foo/bar' only, but the waves compare final/val_loss; give its margin "
+        "(0.01, 1% or final/val_loss=0.01)")
+    other = _sweep(tmp_path, "waves-other", **DECIDE, decide={"margin": {"val/foo": 0.1}})
+    assert _line(capsys, ["sweep", "run", str(other), "--dry-run"]) == (
+        f"error: {other}: decide.margin: names a margin for val/foo only, but the waves compare final/val_loss; give "
+        "its margin (0.01, 1% or final/val_loss: 0.01)")
+    empty = _sweep(tmp_path, "waves-empty", **DECIDE, decide={"margin": ""})
+    assert _line(capsys, ["sweep", "run", str(empty), "--dry-run"]) == (
+        f"error: {empty}: decide.margin: empty; give an absolute margin (0.01) or a percentage of the baseline's "
+        "mean (1%), or leave the key out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["waves-empty.yaml", "waves-other.yaml", "waves.yaml"]
