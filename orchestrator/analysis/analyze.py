@@ -82,6 +82,9 @@ def analyze_model(model, data, *, sequences: int = 32, seq_len: int = 128, alpha
             metrics[f"analysis/{name}/layer_{l}"] = float(mean[l])
             metrics[f"analysis/{name}_std/layer_{l}"] = float(std[l])
     notes: list[str] = []
+    if len(x) < sequences:  # --sequences beyond the validation set: all of it, said in the outputs
+        notes.append(f"{len(x)} evaluation sequences: all the validation set holds at {seq_len} tokens (asked for "
+                     f"{sequences})")
     vp = hp = None
     pos, labels = word_positions(x, data.tokenizer, words)
     counts = Counter(labels)

@@ -118,8 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--metric", help="metric to compare (default: the sweep file's, else final/val_loss)")
     r.add_argument("--axis", help="axis to compare (default: the sweep file's, else router)")
     r.add_argument("--baseline", help="baseline value of the axis (default: the sweep file's, else none)")
-    r.add_argument("--pool", metavar="A,B,...", help="pool the pre-registered comparisons of these sweeps (the same "
-                   "axis, baseline and metric) into one report with one correction; written to OUT/pool-A-B")
+    r.add_argument("--pool", metavar="A,B,...", help="pool the pre-registered comparisons of these sweeps (each "
+                   "compared as its own report compares it; all on one metric) into one report with one correction; "
+                   "written to OUT/pool-A-B")
     r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))
 
     pl = sub.add_parser("plan", help="what a sweep design can show, and the seeds per arm it needs")

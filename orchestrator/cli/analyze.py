@@ -4,6 +4,7 @@ tokens), the strongest routes with the tokens where they fire and the logit lens
 router's keys (``orchestrator.analysis.routes``)."""
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -21,8 +22,12 @@ from orchestrator.engine.trial_config import TrialConfig
 
 
 def _open(spec: str) -> tuple[str, TrialConfig, dict]:
-    """(label, trial config, checkpoint) of ``label=path`` or ``path``: read and checked, no model built."""
-    label, _, path = spec.rpartition("=") if "=" in spec else ("", "", spec)
+    """(label, trial config, checkpoint) of ``label=path`` or ``path``: read and checked, no model built.
+    A path that exists is a path even with '=' in it (a sweep trial's folder, ``router=full,seed=0``);
+    otherwise the label ends at the first '='."""
+    label, _, path = ("", "", spec) if "=" not in spec or Path(spec).expanduser().exists() else spec.partition("=")
+    if not path:
+        raise ConfigError(f"checkpoints: {spec!r} names no checkpoint after its label; give label=path")
     _, ck = read_model_checkpoint(path)
     cfg = TrialConfig.from_dict(ck["config"])
     return label or cfg.model_config(vocab_size=ck.get("vocab_size")).router, cfg, ck
@@ -108,8 +113,8 @@ def cmd_analyze(args) -> int:
     words = tuple(w.strip().lower() for w in args.words.split(",") if w.strip())
     if len(words) < 2:
         raise ConfigError("--words: need at least two comma-separated words")
-    if not args.alpha > 0:
-        raise ConfigError(f"--alpha: must be > 0, got {args.alpha}")
+    if not 0 < args.alpha < math.inf:  # the entropy of order inf would fail after the models are loaded
+        raise ConfigError(f"--alpha: must be a finite number > 0 (the Renyi entropy's order), got {args.alpha}")
     if args.routes < 0:
         raise ConfigError(f"--routes: must be >= 0, got {args.routes}")
     if args.sequences < 1:
@@ -122,7 +127,8 @@ def cmd_analyze(args) -> int:
             raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
         opened[label] = (cfg, ck, args.run_id or ck.get("run_id"))
     if args.run_id:  # a run named on the command line must be there
-        existing_run(args.run_id, existing_client(f"--run-id {args.run_id}"))
+        instead = "or leave out --run-id (each checkpoint's own run is logged to where the store has it)"
+        existing_run(args.run_id, existing_client(f"--run-id {args.run_id}", instead=instead), instead=instead)
     else:  # a checkpoint's own run: logged to when its store has it, else said (nothing is created)
         for label, (cfg, ck, run) in list(opened.items()):
             if run and not _reachable(run):

@@ -82,10 +82,13 @@ def check_device(name: str) -> str:
 
 
 def cmd_eval(args) -> int:
+    if args.run_id and args.no_log:
+        raise ConfigError("--run-id: names the run to log to, but --no-log logs nothing; drop one of them")
     settings = settings_from_args(args)
     check_device(args.device)
     # before the model is scored, not after (the default: a folder under $LIME_RESULTS/eval)
-    check_out_folder(args.out or Path(os.environ.get("LIME_RESULTS") or "results") / "eval", "--out")
+    default = Path(os.environ.get("LIME_RESULTS") or "results") / "eval"
+    check_out_folder(args.out if args.out is not None else default, "--out")
     path, run_id = resolve_target(args.target)
     done = evaluate_checkpoint(path, settings, run_id=args.run_id or run_id, device=args.device,
                                log=not args.no_log, key="")

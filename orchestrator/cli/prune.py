@@ -14,10 +14,12 @@ DIR/<label>/). With two or more targets (the seeds of one variant) the loss chan
 gets the paired interval and verdict of the reports (``orchestrator.decide.rule``: the median's sign
 interval at 95%, the mean's beside it,
 ``--margin`` for equivalence). The markdown goes to ``--out`` (default
-``$LIME_RESULTS/prune/top_p_<p>.md``).
+``$LIME_RESULTS/prune/top_p_<p>.md``); a file already there is replaced only when it is an earlier
+summary of ``lime prune`` (its first line), anything else is refused before the work.
 """
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -34,6 +36,7 @@ from orchestrator.evaluation.prune import markdown, metrics, open_prunable, prun
 from orchestrator.sweep.checkpoints import resolve_target
 
 LEVEL = 0.95
+TITLE = "# Post-hoc top-p pruning of router weights"  # the summary's first line: an --out that is there is replaced
 
 
 def _label(ref: str, path: Path, taken: set[str]) -> str:
@@ -61,14 +64,16 @@ def paired_lines(changes: dict[str, float], margin: float | None) -> list[str]:
 def cmd_prune(args) -> int:
     if not 0 < args.top_p < 1:
         raise ConfigError(f"--top-p: must be in (0, 1), got {args.top_p}")
-    if args.margin is not None and not args.margin > 0:
-        raise ConfigError(f"--margin: must be > 0, got {args.margin}")
+    if args.margin is not None and not 0 < args.margin < math.inf:  # inf would call every change equivalent
+        raise ConfigError(f"--margin: must be a finite number > 0 (nats of loss), got {args.margin}")
+    if args.run_id and args.no_log:
+        raise ConfigError("--run-id: names the run to log to, but --no-log logs nothing; drop one of them")
     if args.run_id and len(args.targets) > 1:
         raise ConfigError("--run-id: only with one target (each target logs to its own run)")
-    out = Path(args.out) if args.out else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
+    out = args.out if args.out is not None else Path(os.environ.get("LIME_RESULTS") or "results") / "prune" / \
         f"top_p_{args.top_p:g}.md"
-    check_out_file(out, "--out")
-    if args.save:
+    out = check_out_file(out, "--out", own=("lime prune", TITLE))
+    if args.save is not None:
         check_out_folder(args.save, "--save")
     # every target read and checked (a checkpoint with a prunable router, a run that is there, a
     # free --save folder) before any compute
@@ -98,7 +103,7 @@ def cmd_prune(args) -> int:
         if args.save:
             folder = Path(args.save) if len(args.targets) == 1 else Path(args.save) / label
             print(f"{label}: pruned model saved to {save_pruned(p, folder)}")
-    lines = [f"# Post-hoc top-p pruning of router weights (top_p = {args.top_p:g})", "",
+    lines = [f"{TITLE} (top_p = {args.top_p:g})", "",
              "Per routed head the smallest set of weights whose share of the row's |weight| first exceeds top_p "
              "is kept (lime_arch/prune.py); validation loss on each trial's own validation batches.", ""]
     for label, (p, _) in results.items():

@@ -38,9 +38,12 @@ def cmd_report(args) -> int:
             raise ConfigError("report --pool: name the sweeps in --pool only (each is compared as its own report "
                               "compares it; no SWEEP, --metric, --axis or --baseline)")
         names = [n.strip() for n in args.pool.split(",") if n.strip()]
+        if len(names) < 2 or len(set(names)) != len(names):  # before the stores are looked at
+            raise ConfigError(f"report --pool: name two or more different sweeps, got {args.pool!r}")
         for n in names:  # each becomes a path and is looked up: checked before anything is read or written
             check_name(n, "report --pool")
         check_out_folder(args.out, "--out")
+        check_out_folder(Path(args.out) / ("pool-" + "-".join(names)), "--out")  # report.pool.pool_name
         for n in names:
             check_store(n)
         pool = importlib.import_module("orchestrator.report.pool")
@@ -54,6 +57,7 @@ def cmd_report(args) -> int:
     else:
         check_name(name, "report")
     check_out_folder(args.out, "--out")
+    check_out_folder(Path(args.out) / name, "--out")  # the report's own folder: not a file either
     check_store(name)
     build = importlib.import_module("orchestrator.report.build")  # pandas, scipy, MLflow: the file is read
     path = build.build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,

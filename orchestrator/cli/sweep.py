@@ -12,7 +12,7 @@ import os
 from lime_arch.errors import ConfigError
 from orchestrator.cli.plan import dry_run_block
 from orchestrator.core.tracking import tracking_uri
-from orchestrator.sweep import connect
+from orchestrator.sweep import connect, preflight
 from orchestrator.sweep.blocks import check_name, with_options
 from orchestrator.sweep.spec import load_spec
 
@@ -31,6 +31,8 @@ def cmd_run(args) -> int:
     if args.dry_run:
         print(_dry_run(spec, address, add))
         return 0
+    if not address:  # more CPUs or GPUs per trial than this machine has: one line before Ray loads
+        preflight.check_local(spec)
     timeout = getattr(args, "connect_timeout", None)
     if spec.decide is not None:  # Ray, MLflow, torch from here on: the file is valid
         decide = importlib.import_module("orchestrator.sweep.decide")

@@ -68,27 +68,31 @@ def missing_store(uri: str | None = None) -> Path | None:
     return None
 
 
-def existing_client(what: str, uri: str | None = None):
+NO_LOG = "or --no-log"  # the way out of a command that logs to a run, unless it says another
+
+
+def existing_client(what: str, uri: str | None = None, *, instead: str = NO_LOG):
     """A client of a store that must already exist because ``what`` (a run id, a sweep) is looked
     up in it: a local store that is not there is one ConfigError line, and nothing is created
-    (``client()`` would create the folder and a new database)."""
+    (``client()`` would create the folder and a new database). ``instead``: the line's other way
+    out (a command without ``--no-log`` names its own)."""
     uri = uri or tracking_uri()
     path = missing_store(uri)
     if path is not None:
         raise ConfigError(f"{what}: no MLflow store at {path} (nothing was created); set MLFLOW_TRACKING_URI to "
-                          "the store the run was logged to, or --no-log")
+                          f"the store the run was logged to, {instead}")
     return client(uri)
 
 
-def existing_run(run_id: str, cl=None):
+def existing_run(run_id: str, cl=None, *, instead: str = NO_LOG):
     """The run ``run_id`` of the store (which must exist: ``existing_client``), or one ConfigError
     line: a command that logs to a run checks it before its work."""
-    cl = cl or existing_client(f"run {run_id}")
+    cl = cl or existing_client(f"run {run_id}", instead=instead)
     try:
         return cl.get_run(run_id)
     except Exception:  # noqa: BLE001 - deleted, mistyped, or of another store
         raise ConfigError(f"run {run_id}: not a run of the MLflow store {getattr(cl, 'tracking_uri', '')} "
-                          "(set MLFLOW_TRACKING_URI, or --no-log)") from None
+                          f"(set MLFLOW_TRACKING_URI, {instead})") from None
 
 
 _initialised: set[str] = set()

@@ -21,7 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from lime_arch import build_model
 from lime_arch.errors import ConfigError
+from orchestrator.engine.trial_config import TrialConfig
 
 CKPT_NAME = "checkpoint.pt"
 FORMAT_KEY, FORMAT_VERSION = "format_version", 1  # written since 1; older checkpoints have no key (0)
@@ -123,8 +125,40 @@ def read_checkpoint(path: str | Path, flag: str = "--resume", *, needs: tuple[st
 def read_model_checkpoint(path: str | Path, flag: str = "checkpoint") -> tuple[Path, dict]:
     """(checkpoint file, its contents) of a checkpoint whose model a command reads (``lime eval``,
     ``export``, ``prune``, ``analyze``): validated as ``read_checkpoint`` validates a resume, but
-    needing only the weights and the trial config (a pruned model's checkpoint has no optimizer)."""
-    return checkpoint_path(path, flag, None), read_checkpoint(path, flag, needs=MODEL, hint=None)
+    needing only the weights and the trial config (a pruned model's checkpoint has no optimizer);
+    the config must validate and the weights fit the model it makes (checked on the meta device:
+    no memory, before any data is read), so a checkpoint that is not one is a line, not a
+    traceback halfway through the command's work."""
+    f, ck = checkpoint_path(path, flag, None), read_checkpoint(path, flag, needs=MODEL, hint=None)
+    weights = ck["model"]
+    if not isinstance(ck["config"], dict) or not isinstance(weights, dict) or \
+            not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        raise ConfigError(f"{flag} {f}: its model or config is not a lime checkpoint's (a mapping of tensors and a "
+                          "trial config)")
+    try:
+        cfg = TrialConfig.from_dict(ck["config"])
+        vocab = ck.get("vocab_size")
+        mismatch = weight_mismatch(cfg.model_config(vocab_size=vocab), weights) if vocab else None
+    except ConfigError as e:
+        raise ConfigError(f"{flag} {f}: its trial config does not validate with this code ({e})") from None
+    if mismatch:
+        raise ConfigError(f"{flag} {f}: its weights do not fit the model its config makes ({mismatch})")
+    return f, ck
+
+
+def weight_mismatch(mcfg, weights: dict) -> str | None:
+    """What keeps ``weights`` (a state dict) from loading into the model of ``mcfg`` (a
+    ``lime_arch.ModelConfig``), as ``load_state_dict`` would find it: keys missing or unexpected,
+    shapes that differ; None when they load. The model is built on the meta device."""
+    with torch.device("meta"):
+        own = {k: tuple(v.shape) for k, v in build_model(mcfg).state_dict().items()}
+    missing = [k for k in own if k not in weights]
+    extra = [k for k in weights if k not in own]
+    shapes = [f"{k} {tuple(weights[k].shape)}, the model's {own[k]}" for k in own
+              if k in weights and tuple(weights[k].shape) != own[k]]
+    parts = [f"{len(xs)} {what}: {', '.join(xs[:2])}{', ...' if len(xs) > 2 else ''}"
+             for what, xs in (("missing", missing), ("unexpected", extra), ("of another shape", shapes)) if xs]
+    return "; ".join(parts) or None
 
 
 def model_differences(ck: dict, mcfg_dict: dict) -> list[str]:

@@ -13,9 +13,10 @@ from pathlib import Path
 from orchestrator.core.tracking import existing_client, existing_run
 from orchestrator.engine.checkpoint import read_model_checkpoint
 from orchestrator.engine.schedule import pick_device
+from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.evaluation.checks import Resolved, resolve
 from orchestrator.evaluation.harness import Outcome, evaluate
-from orchestrator.evaluation.loading import Trained, load_trained
+from orchestrator.evaluation.loading import Trained, load_trained, text_tokenizer_check
 from orchestrator.evaluation.record import done_keys, log_outcome, mark_complete
 from orchestrator.evaluation.settings import EvalSettings, settings_hash
 
@@ -34,6 +35,7 @@ def evaluate_checkpoint(path: str | Path, settings: EvalSettings, *, run_id: str
     ``log`` is false. ``complete_tag``: also mark the run as evaluated under ``settings`` (a
     sweep's skip of the whole trial next time)."""
     opened = read_model_checkpoint(path)  # what is no checkpoint is one line before anything else
+    text_tokenizer_check(TrialConfig.from_dict(opened[1]["config"]).data)  # a synthetic task's: before any task data
     target = (run_id or opened[1].get("run_id")) if log else None
     cl = existing_client(f"run {target}") if target else None
     run = existing_run(target, cl) if target else None  # not there: one line before any work, no store made

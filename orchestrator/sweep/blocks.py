@@ -15,7 +15,7 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.validation import CONFIG, Bool, FieldError, Float, Int, Str
-from orchestrator.decide.verdict import margins_text, parse_margins
+from orchestrator.decide.verdict import margin_for, margins_text, parse_margins
 from orchestrator.sweep.checks import SearchParam, check_decide, parse_space
 
 MAX_SEEDS = 1000  # decide.max_seeds and --max-seeds: seeds per arm at most
@@ -56,6 +56,9 @@ def check_name(name: str, where: str) -> str:
 
 def _margin_text(v: Any) -> str | None:
     """A margin setting (a number, "1%", or a mapping metric -> either) -> its recorded text."""
+    if isinstance(v, str) and not v.strip():  # parse_margins reads "" as none: in a file, leave the key out
+        raise FieldError("empty; give an absolute margin (0.01) or a percentage of the baseline's mean (1%), or "
+                         "leave the key out")
     try:
         return margins_text(parse_margins(v, ""))
     except ConfigError as e:
@@ -169,6 +172,10 @@ def with_options(spec: Any, until_decided: bool, max_seeds: str | None, margin: 
             raise ConfigError("--margin: empty; give an absolute margin (0.01) or a percentage of the baseline's "
                               "mean (1%), or leave the flag out")
         dec.margin = margins_text(parse_margins(margin, "--margin"))
+        metric = spec.report.metric
+        if margin_for(parse_margins(dec.margin), metric, metric) is None:
+            raise ConfigError(f"--margin: names a margin for {margin.partition('=')[0].strip()!r} only, but the waves "
+                              f"compare {metric}; give its margin (0.01, 1% or {metric}=0.01)")
     new = copy.copy(spec)
     new.decide = dec
     try:

@@ -20,6 +20,7 @@ from typing import Any
 from lime_arch.config import ModelConfig
 from orchestrator.core.keys import ALIASES, VARIANT
 from orchestrator.core.validation import FieldError
+from orchestrator.decide.verdict import margin_for, parse_margins
 from orchestrator.engine.trial_config import DataConfig, OptimConfig, TrainConfig
 
 SECTIONS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig}
@@ -322,6 +323,12 @@ def check_decide(spec: Any) -> None:
                          f"{spec.decide.max_seeds}", "decide.max_seeds")
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in spec.grid[seed]):
         raise FieldError("the seeds must be integers (a wave adds the next ones)", f"grid.{seed}")
+    if spec.decide.margin is not None:  # the waves stop on the compared metric's margin: one for another is a mistake
+        metric = spec.report.metric
+        named = parse_margins(spec.decide.margin, "decide.margin")
+        if margin_for(named, metric, metric) is None:
+            raise FieldError(f"names a margin for {', '.join(map(str, named))} only, but the waves compare {metric}; "
+                             f"give its margin (0.01, 1% or {metric}: 0.01)", "decide.margin")
 
 
 def same(a: Any, b: Any) -> bool:

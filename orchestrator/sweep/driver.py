@@ -37,7 +37,7 @@ from orchestrator.core import dashboard, outbox, record
 from orchestrator.core.record import end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
-from orchestrator.sweep import connect, evaluate, extend
+from orchestrator.sweep import connect, evaluate, extend, preflight
 from orchestrator.sweep.console import TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
 from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
@@ -48,24 +48,6 @@ from orchestrator.sweep.view import experiment_dir, ray_trials, upper_corner
 from orchestrator.sweep.workers import concurrent_slots, reuse_workers, trials_that_fit, tune_resources
 
 log = logging.getLogger(__name__)
-
-
-def _check_local_resources(spec: SweepSpec) -> None:
-    """A local Ray cannot give a trial more than this machine has: say so instead of waiting forever."""
-    r = spec.resources
-    each = f" x {r.workers} workers" if r.workers > 1 else ""
-    if r.gpu > 0:
-        import torch
-
-        ngpu = torch.cuda.device_count()
-        if r.gpu * r.workers > ngpu:
-            raise ConfigError(f"resources.gpu: {r.gpu:g} per trial{each}, but this machine has {ngpu} GPUs "
-                              "(local Ray); use the sweep's -cpu version or connect to a GPU cluster "
-                              "(--address or RAY_ADDRESS)")
-    ncpu = os.cpu_count() or 1
-    if r.cpu * r.workers > ncpu:
-        raise ConfigError(f"resources.cpu: {r.cpu:g} per trial{each}, but this machine has {ncpu} CPUs "
-                          "(local Ray); lower it or connect to a cluster (--address or RAY_ADDRESS)")
 
 
 # -- Ray ------------------------------------------------------------------------------------------------
@@ -95,7 +77,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     if address:
         connect.split_address(address)  # a ray:// or malformed address: one line, before any other output
     else:
-        _check_local_resources(spec)
+        preflight.check_local(spec)  # the CLI checked it before Ray loaded; run_sweep's other callers here
     evaluate.preflight(spec)  # the eval: block's tasks and data, before anything is recorded
     spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds, only)  # refuses changed trials
     if grown:

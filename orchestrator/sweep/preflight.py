@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
+from lime_arch.errors import ConfigError
 from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.sweep.schema import SweepSpec
 
@@ -19,6 +20,26 @@ def warnings(spec: SweepSpec, configs: Iterable[TrialConfig], address: str | Non
     cluster the run would connect to (None: a local Ray on this machine)."""
     out = [] if address else resources(spec)
     return out + downloads(configs)
+
+
+def check_local(spec: SweepSpec) -> None:
+    """A local Ray cannot give a trial more than this machine has: one ConfigError line instead of
+    waiting forever (``lime sweep run`` without a cluster calls it before Ray loads: torch only for
+    a GPU count)."""
+    r = spec.resources
+    each = f" x {r.workers} workers" if r.workers > 1 else ""
+    if r.gpu > 0:
+        import torch
+
+        ngpu = torch.cuda.device_count()
+        if r.gpu * r.workers > ngpu:
+            raise ConfigError(f"resources.gpu: {r.gpu:g} per trial{each}, but this machine has {ngpu} GPUs "
+                              "(local Ray); use the sweep's -cpu version or connect to a GPU cluster "
+                              "(--address or RAY_ADDRESS)")
+    ncpu = os.cpu_count() or 1
+    if r.cpu * r.workers > ncpu:
+        raise ConfigError(f"resources.cpu: {r.cpu:g} per trial{each}, but this machine has {ncpu} CPUs "
+                          "(local Ray); lower it or connect to a cluster (--address or RAY_ADDRESS)")
 
 
 def resources(spec: SweepSpec) -> list[str]:

@@ -159,3 +159,45 @@ def test_a_pool_of_sweeps_that_compare_different_metrics_is_refused(tmp_path, ca
         "error: report --pool: the sweeps compare different metrics (pool-loss: final/val_loss, pool-ppl: "
         "final/val_ppl); pooled comparisons share one metric")
     assert not (tmp_path / "r").exists() and time.monotonic() - t0 < 30
+
+
+def test_more_than_this_machine_has_is_refused_before_ray_loads(tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    gpu = _sweep(tmp_path, "gpu-giant", resources={"cpu": 1, "gpu": 1000}, **DECIDE)
+    cpu = _sweep(tmp_path, "cpu-giant", resources={"cpu": 100000})
+    argvs = {"gpu": ["sweep", "run", str(gpu)], "cpu": ["sweep", "run", str(cpu)],
+             "gpu-waves": ["sweep", "run", str(gpu), "--until-decided"]}
+    prog = ("import contextlib, io, json, os, sys\nfrom orchestrator.cli import main\nout = {}\n"
+            f"for name, argv in json.loads({json.dumps(argvs)!r}).items():\n"
+            "    err, so = io.StringIO(), io.StringIO()\n"
+            "    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(so):\n        rc = main(argv)\n"
+            "    out[name] = [rc, so.getvalue(), err.getvalue()]\n"
+            "import torch\nout['gpus'], out['cpus'] = torch.cuda.device_count(), os.cpu_count()\n"
+            "out['heavy'] = sorted(m for m in ('ray', 'mlflow') if m in sys.modules)\nprint(json.dumps(out))")
+    done = subprocess.run([sys.executable, "-c", prog], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["heavy"] == []  # neither Ray nor MLflow loaded to refuse it
+    want = (f"error: resources.gpu: 1000 per trial, but this machine has {out['gpus']} GPUs (local Ray); use the "
+            "sweep's -cpu version or connect to a GPU cluster (--address or RAY_ADDRESS)\n")
+    assert out["gpu"] == out["gpu-waves"] == [2, "", want]
+    assert out["cpu"] == [2, "", f"error: resources.cpu: 100000 per trial, but this machine has {out['cpus']} CPUs "
+                                 "(local Ray); lower it or connect to a cluster (--address or RAY_ADDRESS)\n"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu-giant.yaml", "gpu-giant.yaml"]  # no store, no results
+
+
+def test_a_sequential_margin_must_be_the_compared_metrics(tmp_path, capsys):
+    # the waves stop on final/val_loss: a margin for another metric only would leave them without one
+    path = _sweep(tmp_path, "waves", **DECIDE)
+    assert _line(capsys, ["sweep", "run", str(path), "--until-decided", "--margin", "foo/bar=0.1"]) == (
+        "error: --margin: names a margin for 'foo/bar' only, but the waves compare final/val_loss; give its margin "
+        "(0.01, 1% or final/val_loss=0.01)")
+    other = _sweep(tmp_path, "waves-other", **DECIDE, decide={"margin": {"val/foo": 0.1}})
+    assert _line(capsys, ["sweep", "run", str(other), "--dry-run"]) == (
+        f"error: {other}: decide.margin: names a margin for val/foo only, but the waves compare final/val_loss; give "
+        "its margin (0.01, 1% or final/val_loss: 0.01)")
+    empty = _sweep(tmp_path, "waves-empty", **DECIDE, decide={"margin": ""})
+    assert _line(capsys, ["sweep", "run", str(empty), "--dry-run"]) == (
+        f"error: {empty}: decide.margin: empty; give an absolute margin (0.01) or a percentage of the baseline's "
+        "mean (1%), or leave the key out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["waves-empty.yaml", "waves-other.yaml", "waves.yaml"]
