@@ -3,13 +3,15 @@ after it (tests/conftest.py), so that no test's outcome depends on which tests r
 same process: the order `make test-shuffled` draws, or the share of the tests a pytest-xdist worker
 gets under `make test`.
 
-Put back: the environment, the working directory, the handlers of the common signals and torch's
-thread count. Reported, as a ``LeftBehind`` warning naming the test: each of those that was still
-changed after the test's own fixtures were torn down (monkeypatch's undo included), threads the
-test started that are still running (they cannot be stopped from outside), and files written into
-the repository's working tree where only a test's tmp_path belongs (``./mlflow.db``,
-``results/ray``: two workers would share them). Not covered: glibc's allocator settings, which no
-API reads back (the bench sets them only in ``lime bench``'s own process, never under a test).
+Put back: the environment and torch's thread count (silently: the code sets its own defaults in the
+environment, MLflow's retries or Inductor's cache, and a trial its train.threads, by design), the
+working directory and the handlers of the common signals. Reported, as a ``LeftBehind`` warning
+naming the test: a working directory or signal handler still changed after the test's own fixtures
+were torn down (monkeypatch's undo included), threads the test started that are still running
+(they cannot be stopped from outside), and files written into the repository's working tree where
+only a test's tmp_path belongs (``./mlflow.db``, ``results/ray``: two workers would share them). Not
+covered: glibc's allocator settings, which no API reads back (the bench sets them only in
+``lime bench``'s own process, never under a test).
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP", "SIG
                                                "SIGALRM", "SIGCHLD", "SIGPIPE") if hasattr(signal, n))
 # where a run of the project writes by default: a test must point it at its tmp_path instead
 WATCHED = (ROOT, ROOT / "results", ROOT / "results" / "ray")
+# pytest's own, set for each phase of a test
+OWN_ENV = "PYTEST_CURRENT_TEST"
 
 
 class LeftBehind(UserWarning):
@@ -59,11 +63,12 @@ class ProcessState:
         """Put back what can be put back; what differed, in words."""
         left = []
         env = dict(os.environ)
-        if env != self.env:
-            changed = sorted(k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k))
-            left.append(f"environment variables {', '.join(changed)}")
-            os.environ.clear()
-            os.environ.update(self.env)
+        changed = sorted(k for k in env.keys() | self.env.keys() if env.get(k) != self.env.get(k) and k != OWN_ENV)
+        for k in changed:  # not reported: the code sets its own defaults (MLflow's retries, Inductor's cache)
+            if k in self.env:
+                os.environ[k] = self.env[k]
+            else:
+                del os.environ[k]
         try:
             cwd = os.getcwd()
         except FileNotFoundError:  # the test's folder is gone
