@@ -129,11 +129,18 @@ def test_a_reports_intervals_come_back_from_its_per_seed_csv(tmp_path, monkeypat
     assert float(one[0]["baseline_value"]) == pytest.approx(3.5)
 
 
+# Reports made before issue 34 and not yet regenerated (their sweeps take 0.5-1.5 h each alone on
+# 2 cores); results/README.md lists the same ones. Every other committed report must have per_seed.csv.
+BEFORE_PER_SEED = {"default-decide", "peers-cpu", "eval-cpu"}
+
+
 @pytest.mark.parametrize("summary", SUMMARIES, ids=[p.parent.name for p in SUMMARIES])
 def test_every_committed_interval_comes_back_from_its_per_seed_csv(summary):
-    if not summary.with_name("per_seed.csv").is_file():
-        pytest.skip(f"{summary.parent.relative_to(ROOT)} has no per_seed.csv: the report predates it "
-                    "(issue 34); regenerate it with `lime report`")
+    name = summary.parent.name
+    if name in BEFORE_PER_SEED:
+        assert not summary.with_name("per_seed.csv").is_file(), f"{name} has its per_seed.csv: take it off the list"
+        pytest.skip(f"results/{name} predates per_seed.csv (issue 34): it is listed in results/README.md "
+                    "as not regenerated yet")
     check_intervals(summary.parent)
 
 
