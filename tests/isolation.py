@@ -74,7 +74,7 @@ class ProcessState:
         except FileNotFoundError:  # the test's folder is gone
             cwd = None
         if cwd != self.cwd:
-            left.append(f"working directory {cwd}")
+            left.append(f"working directory {cwd or 'removed'}")
             os.chdir(self.cwd)
         for s, h in self.handlers.items():
             if signal.getsignal(s) != h:
