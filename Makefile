@@ -8,12 +8,21 @@ SWEEP   ?= default
 # e.g. SWEEP_ARGS=--until-decided: seeds in waves until every comparison is decided
 SWEEP_ARGS ?=
 PYTEST_ARGS ?=
+# `make test`: pytest-xdist workers (2 on CI's 2 cores; tests/conftest.py gives each its share of torch's
+# threads); TEST_WORKERS=0 runs the suite in this one process. `make test-shuffled`: the same tests in a
+# shuffled order (modules shuffled, and the tests within each), SHUFFLE_SEED=<n> to repeat an order.
+TEST_WORKERS ?= 2
+TEST_DIST    ?= loadgroup
+SHUFFLE_SEED ?=
+SEED         := $(or $(SHUFFLE_SEED),$(shell od -An -N3 -tu4 /dev/urandom | tr -d " "))
+FAST_TESTS   := -m "not slow and not cluster"
+XDIST        := -n $(TEST_WORKERS) --dist $(TEST_DIST)
 # `make bench` adds compiled rows (the paper's Table 17 setting); BENCH_ARGS= for eager only
 BENCH_ARGS ?= --compile default
 REFUSAL_ARGS ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install lint test test-cluster test-all gpu-check dashboard-check sweep report bench refusal-bench mlflow-ui clean
+.PHONY: install lint test test-shuffled test-cluster test-all gpu-check dashboard-check sweep report bench refusal-bench mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,7 +37,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest -q -m "not slow and not cluster" $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q $(FAST_TESTS) $(XDIST) $(PYTEST_ARGS)
+
+# the order-proof check: every test passes whichever tests ran before it in its process
+test-shuffled: $(STAMP) lint
+	@echo "shuffled with SHUFFLE_SEED=$(SEED)"
+	$(BIN)/python -m pytest -q $(FAST_TESTS) $(XDIST) --random-order-bucket=module --random-order-seed=$(SEED) $(PYTEST_ARGS)
 
 # a two-node Ray cluster and an MLflow server on this machine, Ray sweeps (ASHA, divergence)
 test-cluster: $(STAMP)

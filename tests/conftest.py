@@ -1,12 +1,49 @@
+"""Fixtures of every test: torch's threads, a fixed seed, and the process-wide state a test must not
+leave behind (tests/isolation.py), so that the suite passes in any order and in worker processes
+(`make test` runs two, `make test-shuffled` shuffles the order; docs/ARCHITECTURE.md, "Tests")."""
 import os
 
 import pytest
 import torch
 
-# Tests are CPU-only and small: keep torch from oversubscribing the 2 cores of CI.
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+import orchestrator.core.tracking  # noqa: F401 - its import-time environment defaults, before any test's snapshot
+from tests.isolation import ProcessState
+
+
+def _threads() -> int:
+    """Tests are CPU-only and small: torch's threads per test process, so that the processes of one
+    run (pytest-xdist's workers, PYTEST_XDIST_WORKER_COUNT of them) share the cores without
+    oversubscribing them (2 workers on CI's 2 cores: one thread each; one process: 2 threads)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, min(2, (os.cpu_count() or 1) // workers))
+
+
+torch.set_num_threads(_threads())
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the marks
+def pytest_collection_modifyitems(items):
+    """A module whose tests share a fixture of the project wider than one test (a trained checkpoint,
+    an MLflow store) is one xdist group: its tests run in one worker, which builds the fixture once.
+    The other tests are dealt out one by one (`make test`: --dist loadgroup)."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info else ()
+        if any(d.scope != "function" and d.baseid for fds in defs for d in fds):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+@pytest.fixture(autouse=True)
+def _process_state(request):
+    """Set up before every other fixture of the test and torn down after them (monkeypatch's undo
+    included): what is still changed then was left behind by the test or the code it ran. torch's
+    thread count goes back silently (a trial sets its train.threads by design); the rest goes back
+    too and is reported as a LeftBehind warning naming the test."""
+    before = ProcessState.take()
+    yield
+    before.restore_and_report(request.node.nodeid)

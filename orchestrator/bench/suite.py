@@ -205,7 +205,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
               threads: int | None = 1, shapes: tuple[Shape, ...] | None = None,
               routers: Sequence[str] | None = None, memory: bool = True, decode: bool = True,
               depth_mixes: Sequence[str] = DEPTH_MIXES, compile: str | None = None,
-              compile_shapes: Sequence[str] | None = None) -> dict:
+              compile_shapes: Sequence[str] | None = None, steady_heap: bool = False) -> dict:
     """Run the benchmark, write ``bench.md``, ``bench.csv`` and ``decode.csv`` under ``out_dir``.
 
     ``routers``: router specs (default: every registered router, ``shapes.bench_routers``); ``none``
@@ -214,7 +214,10 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     one repetition, memory in-process except one subprocess case. ``compile``: a torch.compile mode
     (``default``, ``reduce-overhead``; None or ``none``: eager only) whose rows are added beside the
     eager ones, at the shapes named in ``compile_shapes`` (default: ``shapes.COMPILE_SHAPES``, the paper's
-    16-layer Table 17 models; every shape of a quick run). Returns ``{"paths": [...], "rows": [...],
+    16-layer Table 17 models; every shape of a quick run). ``steady_heap``: on CPU, outside a quick run,
+    keep freed memory in glibc's heap (``steady_malloc``) for steadier timings; it lasts for the rest of
+    the process and cannot be undone, so only a process that ends with the run asks for it (``lime
+    bench`` does; a test or a notebook that goes on does not). Returns ``{"paths": [...], "rows": [...],
     "decode": [...], "checks": [...], "machine": {...}}``."""
     t_start = time.perf_counter()
     dev = device_of(device)
@@ -226,7 +229,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
         compile_shapes = compile_shape_names(None, [sh.name for sh in shapes], quick)
     labels = list(dict.fromkeys(["none", *(bench_routers() if routers is None else routers), PEER,
                                  *depth_mix_labels(depth_mixes)]))
-    malloc = steady_malloc() if dev.type == "cpu" and not quick else False
+    malloc = steady_malloc() if steady_heap and dev.type == "cpu" and not quick else False
     load0 = os.getloadavg()
     batch, seq = (QUICK_BATCH, QUICK_SEQ) if quick else (BATCH, SEQ)
     s = _Setup(dev, threads, dev.type == "cuda", quick, batch, seq, mem.measure_bandwidth(32 if quick else 256),

@@ -168,7 +168,7 @@ def cmd_bench(args) -> int:
     kw = options(args)  # ConfigError -> one line, exit 2, before anything runs
     if args.profile:
         return cmd_profile(kw)
-    out = orchestrator.bench.run_bench(**kw)
+    out = orchestrator.bench.run_bench(**kw, steady_heap=True)  # this process ends with the run
     print_summary(out)
     if not args.no_track:
         _track(out, args.quick)

@@ -67,3 +67,24 @@ def test_cuda_without_a_device_exits_2_before_anything_runs(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["error: bench.device: cuda requested but torch sees no CUDA device here"]
     assert not (tmp_path / "b").exists()
+
+
+def test_only_the_bench_command_keeps_glibc_s_heap_steady(tmp_path, monkeypatch):
+    """glibc's raised thresholds (``steady_malloc``) last for the rest of the process: `lime bench`,
+    whose process ends with the run, asks for them; ``run_bench`` called from a process that goes on
+    (a test, a notebook) does not get them unless it asks."""
+    import inspect
+
+    import orchestrator.bench
+    from orchestrator.bench.suite import run_bench
+
+    assert inspect.signature(run_bench).parameters["steady_heap"].default is False
+    seen = {}
+
+    def fake_run_bench(**kw):
+        seen.update(kw)
+        return {"paths": [], "checks": [], "machine": {"seconds": 0.0}, "rows": [], "decode": []}
+
+    monkeypatch.setattr(orchestrator.bench, "run_bench", fake_run_bench)
+    assert main(["bench", "--quick", "--no-track", "--out", str(tmp_path / "b")]) == 0
+    assert seen["steady_heap"] is True and seen["quick"] is True
