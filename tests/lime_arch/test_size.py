@@ -11,7 +11,8 @@ from lime_arch.size import dense_param_counts, depth_mix_params, min_params
 
 SPECS = sorted(set(depth_mix_specs()) | {"denseformer-2", "denseformer-2-2", "denseformer-1-2", "hyper-connections-3",
                                          "hyper-connections-static-2", "hyper-connections-corl-5", "mhc-3-5",
-                                         "mhc-sigmoid-2", "mhc-readout-3-5", "attn-res-block-3", "value-residual-learned"})
+                                         "mhc-sigmoid-2", "mhc-readout-3-5", "attn-res-block-3",
+                                         "value-residual-learned"})
 
 
 @pytest.mark.parametrize("spec", SPECS)
