@@ -8,11 +8,10 @@ the paper's rule; ``--no-renormalize``: masked only), the pruned weights per lay
 layers no head reads any more and the sources each routed head keeps (a target pruned already keeps
 its drops: only the weights it still keeps are ranked, and the counts include the earlier drops);
 logged on the trial's MLflow run (or ``--run-id``; ``--no-log``: not at all) as
-``prune/top_p_<p>/...`` at the trained step, with the markdown as an
-artifact. ``--save DIR`` writes the pruned model as a checkpoint (one target: DIR; several:
-DIR/<label>/). With two or more targets (the seeds of one variant) the loss change after - before
-gets the paired interval and verdict of the reports (``orchestrator.decide.rule``: the median's sign
-interval at 95%, the mean's beside it,
+``prune/top_p_<p>/...`` at the trained step, with the markdown as an artifact. ``--save DIR`` writes
+the pruned model as a checkpoint (one target: DIR; several: DIR/<label>/). With two or more targets
+(the seeds of one variant) the loss change after - before gets the paired interval and verdict of
+the reports (``orchestrator.decide.rule``: the median's sign interval at 95%, the mean's beside it,
 ``--margin`` for equivalence). The markdown goes to ``--out`` (default
 ``$LIME_RESULTS/prune/top_p_<p>.md``); a file already there is replaced only when it is an earlier
 summary of ``lime prune`` (its first line), anything else is refused before the work.

@@ -3,16 +3,15 @@
 ``prune_checkpoint`` loads a checkpoint with its trial's data, measures the validation loss on the
 trial's own validation batches (those the trainer evaluates: a corpus's ``data.val_tokens`` in
 windows of ``seq_len``, a task's ``train.eval_batches`` x ``train.batch_size`` examples), prunes
-every layer's router weights at ``top_p`` (``lime_arch.prune``:
-per routed head the smallest prefix of |w| share above ``top_p``, renormalised unless
-``renormalize`` is off) and measures it again. A checkpoint pruned already (in training or by
-``lime prune``) keeps its masks: only the weights they keep are ranked, so a dropped route stays
-dropped and the counts include the earlier drops. The outcome holds both losses, the pruned
-weights per layer (Table 5's counts), the source
-layers no longer read and the sources each routed head still reads. ``save_pruned`` writes the
-pruned model as a checkpoint of the engine's format whose config carries ``model.router_prune``
-(refreshed once, at the trained step; ``train.compile`` off), so ``lime analyze``, ``lime eval``
-and ``lime export`` load it with its masks.
+every layer's router weights at ``top_p`` (``lime_arch.prune``: per routed head the smallest prefix
+of |w| share above ``top_p``, renormalised unless ``renormalize`` is off) and measures it again. A
+checkpoint pruned already (in training or by ``lime prune``) keeps its masks: only the weights they
+keep are ranked, so a dropped route stays dropped and the counts include the earlier drops. The
+outcome holds both losses, the pruned weights per layer (Table 5's counts), the source layers no
+longer read and the sources each routed head still reads. ``save_pruned`` writes the pruned model as
+a checkpoint of the engine's format whose config carries ``model.router_prune`` (refreshed once, at
+the trained step; ``train.compile`` off), so ``lime analyze``, ``lime eval`` and ``lime export``
+load it with its masks.
 """
 from __future__ import annotations
 

@@ -210,7 +210,7 @@ def test_parameter_groups(spec):
     assert len(where) == len(params) == sum(len(g["params"]) for g in groups.values())  # each exactly once
     mix = [(n, p) for n, p in params if n.startswith("depth_mix.")]
     for n, p in mix:
-        # HC's and mHC's dynamic projections (phi) and mHC's learned readout projection decay like matrices
+        # HC's and mHC's dynamic projections, and mhc-readout's readout projection, are matrices: they decay
         expect = "decay" if n.startswith("depth_mix.proj.") or n == "depth_mix.readout_proj" else "depth_mix"
         assert where[id(p)] == expect, n
     if any(where[id(p)] == "depth_mix" for _, p in mix):

@@ -283,8 +283,8 @@ class LearnedValueResidualRef(ValueResidualRef):
 REFERENCES = {"none": Ref, "denseformer": DenseFormerRef, "hyper-connections": HyperConnectionsRef,
               "hyper-connections-static": HyperConnectionsRef, "hyper-connections-corl": CorlHyperConnectionsRef,
               "value-residual": ValueResidualRef, "value-residual-learned": LearnedValueResidualRef,
-              "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "mhc-readout": ReadoutMHCRef, "attn-res": AttnResRef,
-              "attn-res-block": BlockAttnResRef,
+              "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "mhc-readout": ReadoutMHCRef,
+              "attn-res": AttnResRef, "attn-res-block": BlockAttnResRef,
               "mudd": MUDDRef}
 # At 5 layers (10 sublayers) attn-res-block's default size 4 makes blocks of 4, 4, 2 and size 3 of 3, 3, 3, 1;
 # size 1 is full AttnRes; sizes 10 and 20 are one block (every sublayer reads the embedding and the partial sum).
