@@ -75,7 +75,7 @@ def _signs(n: int, seed: int) -> tuple[np.ndarray, bool]:
     return 1.0 - 2.0 * rng.integers(0, 2, size=(MC_FLIPS, n)), False
 
 
-def _segments(d: np.ndarray, signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def segments(d: np.ndarray, signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each sign vector, the range of mu where |sum s (d - mu)| >= |sum (d - mu)|: between the
     mean of the flipped values and the mean of the kept ones (the whole line for +-all ones)."""
     n, total = len(d), float(d.sum())
@@ -101,7 +101,7 @@ def sign_flip_interval(d: np.ndarray, level: float, seed: int = 0) -> tuple[floa
     if n == 0:
         return -math.inf, math.inf
     signs, exact = _signs(n, seed)
-    lo, hi = _segments(d, signs)
+    lo, hi = segments(d, signs)
     # p(mu) >= a  <=>  count(mu) >= need, count(mu) = #{segments holding mu}
     need = math.ceil(a * len(signs) - 1e-9) if exact else math.ceil(a * (len(signs) + 1) - 1e-9) - 1
     if need <= (2 if exact else 0):  # the trivial vectors alone keep every mu

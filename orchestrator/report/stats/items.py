@@ -147,13 +147,10 @@ def flip_interval(z: np.ndarray, level: float, seed: int = 0, n_flips: int = MC_
     rows = max(1, CHUNK_CELLS // n)
     for start in range(0, n_flips, rows):
         s = 1.0 - 2.0 * rng.integers(0, 2, size=(min(rows, n_flips - start), n))
-        sd, k = s @ z, s.sum(axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            flipped, kept = (total - sd) / (n - k), (total + sd) / (n + k)
-        trivial = np.abs(k) == n
-        los.append(np.where(trivial, -np.inf, np.minimum(flipped, kept)))
-        his.append(np.where(trivial, np.inf, np.maximum(flipped, kept)))
-        hits += int(np.sum(np.abs(sd) >= abs(total) - tol))
+        lo, hi = intervals.segments(z, s)  # the same inversion as the seeds' interval, a chunk at a time
+        los.append(lo)
+        his.append(hi)
+        hits += int(np.sum(np.abs(s @ z) >= abs(total) - tol))
     lo, hi = np.concatenate(los), np.concatenate(his)
     p = (1 + hits) / (1 + n_flips) if np.any(z) else 1.0
     need = math.ceil((1.0 - level) * (n_flips + 1) - 1e-9) - 1  # p(mu) >= a <=> segments holding mu >= need
