@@ -34,6 +34,7 @@ import pandas as pd
 
 from orchestrator.core import eval_names
 from orchestrator.core.fmt import cell_text, num, same_value, table
+from orchestrator.decide import signs
 from orchestrator.report import eval_items
 from orchestrator.report.compare import across_seeds, by_seed, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
@@ -123,8 +124,8 @@ def section(df: pd.DataFrame, axis: str, baseline: Any, blocks: list[str], alpha
              f"`eval:` block): {scored} of {len(finished)} finished trials carry scores. Shots: {shots}. Each cell: "
              "mean ± std over seeds of the task's primary metric (scores in points); the verdicts compare each "
              f"variant with `{cell_text(baseline)}` on its seeds with the report's rule: each verdict is read off "
-             "the interval of the mean per-seed difference at the task's Bonferroni level (the variants of a "
-             "task are its family). Tasks are not corrected against each other: the average is the headline; "
+             f"the {signs.FIXED} interval of the median per-seed difference at the task's Bonferroni level (the "
+             "variants of a task are its family; the mean's interval beside it does not decide). Tasks are not corrected against each other: the average is the headline; "
              "a task's verdict alone is one of several looks."]
     for tab in tables:
         lines += _table_lines(tab, axis, baseline)

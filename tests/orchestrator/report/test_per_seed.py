@@ -131,7 +131,7 @@ def test_a_reports_intervals_come_back_from_its_per_seed_csv(tmp_path, monkeypat
 
 # Reports made before issue 34 and not yet regenerated (their sweeps take 0.5-1.5 h each alone on
 # 2 cores); results/README.md lists the same ones. Every other committed report must have per_seed.csv.
-BEFORE_PER_SEED = {"default-decide", "peers-cpu", "eval-cpu"}
+BEFORE_PER_SEED = {"peers-cpu"}
 
 
 @pytest.mark.parametrize("summary", SUMMARIES, ids=[p.parent.name for p in SUMMARIES])
