@@ -125,8 +125,9 @@ def section(df: pd.DataFrame, axis: str, baseline: Any, blocks: list[str], alpha
              "mean ± std over seeds of the task's primary metric (scores in points); the verdicts compare each "
              f"variant with `{cell_text(baseline)}` on its seeds with the report's rule: each verdict is read off "
              f"the {signs.FIXED} interval of the median per-seed difference at the task's Bonferroni level (the "
-             "variants of a task are its family; the mean's interval beside it does not decide). Tasks are not corrected against each other: the average is the headline; "
-             "a task's verdict alone is one of several looks."]
+             "variants of a task are its family; the mean's interval beside it does not decide). Tasks are not "
+             "corrected against each other: the average is the headline; a task's verdict alone is one of "
+             "several looks."]
     for tab in tables:
         lines += _table_lines(tab, axis, baseline)
     if items is not None:
