@@ -40,7 +40,7 @@ RUNTIME = ("seed", "checkpoint_dir", "device", "threads", "compile")  # train ke
 def check_flags(args) -> None:
     """The ablation flags, refused with one line before any work."""
     if not args.ablate:
-        for flag, given in (("--renormalize", args.renormalize is not None), ("--ablate-heads", args.ablate_heads),
+        for flag, given in (("--renormalize/--no-renormalize", args.renormalize is not None), ("--ablate-heads", args.ablate_heads),
                             ("--ablate-max-routes", args.ablate_max_routes is not None)):
             if given:
                 raise ConfigError(f"{flag}: only with --ablate (the route ablation it configures)")

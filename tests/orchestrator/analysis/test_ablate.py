@@ -286,19 +286,59 @@ def test_variants_are_the_configs_equal_but_for_the_seed():
     assert got == {"full (a)": ["a", "b"], "full (c)": ["c"], "dynamic": ["d"]}
 
 
-def test_lime_analyze_ablate_writes_the_tables_over_seeds(tmp_path):
-    from orchestrator.cli import main
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Tiny trained checkpoints of 3 layers: two seeds of a dynamic router, one full, one none."""
     from orchestrator.engine.trial import Tracking, run_trial
 
-    cks = []
-    for router, seed in (("dynamic", 0), ("dynamic", 1), ("full", 0)):
-        folder = tmp_path / f"{router}-{seed}"
+    root = tmp_path_factory.mktemp("trained")
+    out = {}
+    for router, seed in (("dynamic", 0), ("dynamic", 1), ("full", 0), ("none", 0)):
+        folder = root / f"{router}-{seed}"
         run_trial(TrialConfig.from_dict({
             "preset": "tiny", "model": {"router": router, "n_layers": 3, "d_model": 16, "n_heads": 2, "ffn_dim": 32},
             "data": {"val_tokens": 256},
             "train": {"steps": 2, "batch_size": 2, "seq_len": 32, "log_interval": 1, "eval_batches": 1, "seed": seed,
                       "checkpoint_dir": str(folder)}}), tracking=Tracking(enabled=False))
-        cks.append(f"{router}{seed}={folder}")
+        out[f"{router}{seed}"] = folder
+    return out
+
+
+def _refused(capsys, argv: list[str]) -> str:
+    from orchestrator.cli import main
+
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1, (out, err)
+    return err.rstrip("\n")
+
+
+def test_bad_ablation_flags_are_one_line_before_any_work(capsys, trained, tmp_path, monkeypatch):
+    import orchestrator.cli.analyze as analyze
+
+    def no_compute(*a, **k):
+        raise AssertionError("computed before the refusal")
+
+    monkeypatch.setattr(analyze, "analyze_model", no_compute)
+    monkeypatch.chdir(tmp_path)
+    full, none = str(trained["full0"]), str(trained["none0"])
+    for flag in (["--renormalize"], ["--no-renormalize"], ["--ablate-heads"], ["--ablate-max-routes", "3"]):
+        name = "--renormalize/--no-renormalize" if "renormalize" in flag[0] else flag[0]
+        assert _refused(capsys, ["analyze", full, *flag]) == (
+            f"error: {name}: only with --ablate (the route ablation it configures)")
+    assert _refused(capsys, ["analyze", full, "--ablate", "--ablate-max-routes", "0"]) == (
+        "error: --ablate-max-routes: must be >= 1, got 0")
+    assert _refused(capsys, ["analyze", full, "--ablate", "--ablate-max-routes", "x"]) == (
+        "error: lime analyze: argument --ablate-max-routes: invalid int value: 'x' (see lime analyze --help)")
+    assert _refused(capsys, ["analyze", full, none, "--ablate"]) == (
+        "error: --ablate: none: router 'none' reads only each layer's own K/V; it has no route to ablate")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lime_analyze_ablate_writes_the_tables_over_seeds(tmp_path, trained):
+    from orchestrator.cli import main
+
+    cks = [f"{k}={trained[k]}" for k in ("dynamic0", "dynamic1", "full0")]
     out = tmp_path / "an"
     assert main(["analyze", *cks, "--out", str(out), "--sequences", "4", "--ablate", "--ablate-max-routes", "2"]) == 0
     rows = list(csv.DictReader((out / "ablation.csv").open()))
@@ -309,6 +349,7 @@ def test_lime_analyze_ablate_writes_the_tables_over_seeds(tmp_path):
     assert {r["mechanism"] for r in rows} == {"mixer", "mask"} and {r["renormalize"] for r in rows} == {"False"}
     summary = list(csv.DictReader((out / "ablation_summary.csv").open()))
     dyn = [s for s in summary if s["variant"] == "dynamic"]
+    assert len(dyn) == 2
     for s in dyn:  # the mean over the two seeds
         e = [float(r["effect"]) for r in rows if r["variant"] == "dynamic" and (r["layer"], r["source"]) ==
              (s["layer"], s["source"])]
