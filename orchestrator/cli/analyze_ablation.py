@@ -40,9 +40,10 @@ RUNTIME = ("seed", "checkpoint_dir", "device", "threads", "compile")  # train ke
 def check_flags(args) -> None:
     """The ablation flags, refused with one line before any work."""
     if not args.ablate:
-        for flag, given in (("--renormalize/--no-renormalize", args.renormalize is not None), ("--ablate-heads", args.ablate_heads),
-                            ("--ablate-max-routes", args.ablate_max_routes is not None)):
-            if given:
+        given = {"--renormalize/--no-renormalize": args.renormalize is not None, "--ablate-heads": args.ablate_heads,
+                 "--ablate-max-routes": args.ablate_max_routes is not None}
+        for flag, was_given in given.items():
+            if was_given:
                 raise ConfigError(f"{flag}: only with --ablate (the route ablation it configures)")
     if args.ablate_max_routes is not None and args.ablate_max_routes < 1:
         raise ConfigError(f"--ablate-max-routes: must be >= 1, got {args.ablate_max_routes}")
@@ -72,7 +73,8 @@ def variants(configs: dict[str, TrialConfig]) -> dict[str, list[str]]:
         by_key.setdefault(variant_key(cfg), []).append(label)
     router = {k: configs[labels[0]].model_config().router for k, labels in by_key.items()}
     shared = [r for r in router.values() if list(router.values()).count(r) > 1]
-    return {(f"{router[k]} ({labels[0]})" if router[k] in shared else router[k]): labels for k, labels in by_key.items()}
+    return {(f"{router[k]} ({labels[0]})" if router[k] in shared else router[k]): labels
+            for k, labels in by_key.items()}
 
 
 def val_windows(cfg: TrialConfig, data) -> list:
@@ -150,6 +152,38 @@ def measured_line(v: Variant) -> str:
             f"sample (seed 0) of {n - top} of the other {m - top}; the rank correlation is over these.")
 
 
+def _section(v: Variant) -> list[str]:
+    abl, labels = list(v.ablations.values()), list(v.ablations)
+    a0, summ = abl[0], summarize(abl)
+    how = ("the router's top-p pruning masks" if a0.mechanism == "mask"
+           else "the mixing its kind reports (the mixer wrapped; weights untouched)")
+    renorm = "renormalised (each row keeps its |weight| mass)" if a0.renormalize else "not renormalised"
+    losses = "; ".join(f"{k} {a.loss:.4f} (se {_f(a.loss_se, '.4f')})" for k, a in v.ablations.items())
+    rho = "; ".join(f"{k} {_f(a.spearman, '+.2f')}" for k, a in v.ablations.items())
+    if len(abl) > 1:
+        means = spearman([s.mass for s in summ], [s.effect for s in summ])
+        rho += f"; of the means over the checkpoints {_f(means, '+.2f')}"
+    lines = [f"## {v.name}: {len(abl)} checkpoint(s) ({', '.join(labels)})", "",
+             f"Router `{v.router}`; zeroed through {how}; {renorm}. {measured_line(v)}", "",
+             f"Validation loss without ablation: {losses}.", "",
+             f"Spearman rank correlation of mass and effect: {rho}.", ""]
+    if len(abl) == 1:
+        lines += ["| layer | source | head | mass | effect | se (windows) | taken |",
+                  "|---:|---:|---:|---:|---:|---:|---|"]
+    else:
+        lines += [f"| layer | source | head | mass (mean) | effect (mean) | {LEVEL:.0%} interval (t ∪ sign-flip) | "
+                  "per checkpoint | taken |", "|---:|---:|---:|---:|---:|---|---|---|"]
+    for s in summ:
+        r = s.route
+        row = f"| {r.layer} | {r.source} | {'all' if r.head is None else r.head} | {s.mass:.4f} | {_f(s.effect)} | "
+        if len(abl) == 1:
+            row += f"{_f(a0.effect_se[r], '.4f')} |"
+        else:
+            row += f"{_interval(s.interval)} | {' '.join(_f(e) for e in s.effects)} |"
+        lines.append(row + f" {v.why[r]} |")
+    return lines + [""]
+
+
 def markdown(variants_: list[Variant]) -> list[str]:
     lines = ["# Route ablation: the causal effect of each route beside its mass", "",
              "Effect: the validation loss (the trial's own validation windows, those of `val/loss`) with the route "
@@ -157,36 +191,7 @@ def markdown(variants_: list[Variant]) -> list[str]:
              "`analysis.md`; per head: the head's share on the source layer), for a token-dependent router averaged "
              "over the same windows' tokens. Routing mass is not causal importance (arXiv 2606.13168).", ""]
     for v in variants_:
-        abl = list(v.ablations.values())
-        a0, labels = abl[0], list(v.ablations)
-        how = ("the router's top-p pruning masks" if a0.mechanism == "mask"
-               else "the mixing its kind reports (the mixer wrapped; weights untouched)")
-        rho = "; ".join(f"{k} {_f(a.spearman, '+.2f')}" for k, a in v.ablations.items())
-        summ = summarize(abl)
-        lines += [f"## {v.name}: {len(abl)} checkpoint(s) ({', '.join(labels)})", "",
-                  f"Router `{v.router}`; zeroed through {how}; "
-                  f"{'renormalised (each row keeps its |weight| mass)' if a0.renormalize else 'not renormalised'}. "
-                  + measured_line(v), "",
-                  "Validation loss without ablation: " + "; ".join(f"{k} {a.loss:.4f} (se {_f(a.loss_se, '.4f')})"
-                                                                   for k, a in v.ablations.items()) + ".", "",
-                  f"Spearman rank correlation of mass and effect: {rho}"
-                  + (f"; of the means over the checkpoints {_f(spearman([s.mass for s in summ], [s.effect for s in summ]), '+.2f')}"
-                     if len(abl) > 1 else "") + ".", ""]
-        if len(abl) == 1:
-            lines += ["| layer | source | head | mass | effect | se (windows) | taken |", "|---:|---:|---:|---:|---:|---:|---|"]
-            for s in summ:
-                r = s.route
-                lines.append(f"| {r.layer} | {r.source} | {'all' if r.head is None else r.head} | {s.mass:.4f} | "
-                             f"{_f(s.effect)} | {_f(a0.effect_se[r], '.4f')} | {v.why[r]} |")
-        else:
-            lines += [f"| layer | source | head | mass (mean) | effect (mean) | {LEVEL:.0%} interval (t ∪ sign-flip) | "
-                      "per checkpoint | taken |", "|---:|---:|---:|---:|---:|---|---|---|"]
-            for s in summ:
-                r = s.route
-                lines.append(f"| {r.layer} | {r.source} | {'all' if r.head is None else r.head} | {s.mass:.4f} | "
-                             f"{_f(s.effect)} | {_interval(s.interval)} | {' '.join(_f(e) for e in s.effects)} | "
-                             f"{v.why[r]} |")
-        lines.append("")
+        lines += _section(v)
     return lines
 
 
