@@ -190,7 +190,7 @@ def _apply(d: Tensor, xs: list[Tensor]) -> Tensor:
     of layers 0..l (each (B, T, R, Hd); C = (l+1)R) -> (B, T, R, Hd)."""
     x = torch.cat(xs, dim=2)  # (B, T, C, Hd)
     eq = {2: "rc,btcd->btrd", 3: "rcd,btcd->btrd", 4: "btrc,btcd->btrd", 5: "btrcd,btcd->btrd"}[d.dim()]
-    return torch.einsum(eq, d.to(x.dtype), x)
+    return torch.einsum(eq, d.to(device=x.device, dtype=x.dtype), x)
 
 
 def zeroed(d: Tensor, R: int, route: RouteId, renormalize: bool) -> Tensor:
