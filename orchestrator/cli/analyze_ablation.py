@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from lime_arch import ConfigError, build_router
 from orchestrator.analysis.ablate import Ablation, RouteId, candidate_routes, measure, select_routes, spearman

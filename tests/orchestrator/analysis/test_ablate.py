@@ -17,8 +17,15 @@ import torch.nn.functional as F
 from scipy import stats as sps
 
 from lime_arch import build_model, preset
-from orchestrator.analysis.ablate import Ablation, RouteId, candidate_routes, measure, route_masses, select_routes, \
-    spearman
+from orchestrator.analysis.ablate import (
+    Ablation,
+    RouteId,
+    candidate_routes,
+    measure,
+    route_masses,
+    select_routes,
+    spearman,
+)
 from orchestrator.cli import analyze_ablation
 from orchestrator.engine.trial_config import TrialConfig
 
@@ -67,7 +74,8 @@ def _mean_se(sums, counts):
 def _ref_loss(model, windows, route):
     tot, n = 0.0, 0
     for x, y in windows:
-        logits = reference_forward(model, x, lambda l: list(range(l + 1)), route=route)
+        with torch.no_grad():
+            logits = reference_forward(model, x, lambda l: list(range(l + 1)), route=route)
         tot += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"))
         n += y.numel()
     return tot / n
@@ -315,6 +323,7 @@ def _refused(capsys, argv: list[str]) -> str:
 
 def test_bad_ablation_flags_are_one_line_before_any_work(capsys, trained, tmp_path, monkeypatch):
     import orchestrator.cli.analyze as analyze
+    from orchestrator.cli import main
 
     def no_compute(*a, **k):
         raise AssertionError("computed before the refusal")
@@ -328,8 +337,10 @@ def test_bad_ablation_flags_are_one_line_before_any_work(capsys, trained, tmp_pa
             f"error: {name}: only with --ablate (the route ablation it configures)")
     assert _refused(capsys, ["analyze", full, "--ablate", "--ablate-max-routes", "0"]) == (
         "error: --ablate-max-routes: must be >= 1, got 0")
-    assert _refused(capsys, ["analyze", full, "--ablate", "--ablate-max-routes", "x"]) == (
-        "error: lime analyze: argument --ablate-max-routes: invalid int value: 'x' (see lime analyze --help)")
+    with pytest.raises(SystemExit) as e:  # argparse's own refusal: the same one line, exit 2
+        main(["analyze", full, "--ablate", "--ablate-max-routes", "x"])
+    assert e.value.code == 2 and capsys.readouterr().err == (
+        "error: lime analyze: argument --ablate-max-routes: invalid int value: 'x' (see lime analyze --help)\n")
     assert _refused(capsys, ["analyze", full, none, "--ablate"]) == (
         "error: --ablate: none: router 'none' reads only each layer's own K/V; it has no route to ablate")
     assert list(tmp_path.iterdir()) == []
