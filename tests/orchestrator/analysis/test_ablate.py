@@ -188,7 +188,7 @@ def test_each_effect_is_the_reference_decoder_with_the_route_zeroed_by_hand(spec
 @pytest.mark.parametrize("renorm", [False, True])
 def test_the_pruning_masks_and_the_wrapped_mixer_agree_on_a_linear_router(renorm):
     model, windows = _model("full", seed=3), _windows(seed=3)
-    routes = candidate_routes(model.router, heads=True)
+    routes = candidate_routes(model.router) + [RouteId(2, 0, 1)]
     mass = {r: 0.0 for r in routes}
     by_mask = measure(model, routes, mass, _losses(windows), _mean_se, renormalize=renorm, via="mask")
     by_mixer = measure(model, routes, mass, _losses(windows), _mean_se, renormalize=renorm, via="mixer")
@@ -217,7 +217,7 @@ def test_a_route_already_pruned_has_zero_mass_and_zero_effect():
 
 def test_a_dynamic_router_whose_gates_are_shut_has_zero_mass_and_exactly_zero_effect():
     model, windows = _model("dynamic", gate=0.0), _windows()
-    routes = candidate_routes(model.router, heads=True)
+    routes = candidate_routes(model.router) + [RouteId(2, 1, 0)]
     mass = route_masses(model, [x for x, _ in windows], routes)
     assert all(m == 0.0 for m in mass.values())
     for renorm in (False, True):
