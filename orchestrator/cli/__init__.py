@@ -150,6 +150,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="strongest routes to list per checkpoint, with the tokens where a dynamic router's fire "
                         "(default 10)")
     a.add_argument("--run-id", help="MLflow run to log the metrics to (default: the checkpoint's)")
+    a.add_argument("--ablate", action="store_true",
+                   help="each route's causal effect: the validation loss change with it zeroed, beside its mass; over "
+                        "the seeds of a variant with a paired interval (ablation.md, ablation.csv)")
+    a.add_argument("--renormalize", action=argparse.BooleanOptionalAction, default=None,
+                   help="with --ablate: scale each routed head's remaining weights back to its |weight| mass, as lime "
+                        "prune does (default: --no-renormalize, the route alone removed)")
+    a.add_argument("--ablate-heads", action="store_true",
+                   help="with --ablate: one route per routed KV head (layer, head, source), not per (layer, source)")
+    a.add_argument("--ablate-max-routes", type=int, metavar="N",
+                   help="with --ablate: at most N routes per variant, the N/2 of highest mass and a random sample of "
+                        "the rest (default 64)")
     a.set_defaults(func=_lazy("orchestrator.cli.analyze:cmd_analyze"))
 
     pr = sub.add_parser("prune", help="post-hoc top-p pruning of trained routers: loss before/after, pruned counts")

@@ -1,9 +1,12 @@
 """``lime analyze``: representation analysis of one or more checkpoints, side by side: entropies,
 probes, router maps (a dynamic router's: averaged over the evaluation tokens, and their spread over
 tokens), the strongest routes with the tokens where they fire and the logit lens of a dynamic
-router's keys (``orchestrator.analysis.routes``)."""
+router's keys (``orchestrator.analysis.routes``); with ``--ablate`` each route's causal effect on the
+validation loss beside its mass, over the seeds of each variant
+(``orchestrator.cli.analyze_ablation``)."""
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -11,9 +14,11 @@ from pathlib import Path
 import numpy as np
 
 from lime_arch import ConfigError, build_model
+from orchestrator.analysis.ablate import candidate_routes, route_masses
 from orchestrator.analysis.analyze import analyze_model
 from orchestrator.analysis.plots import plot_entropy, plot_expected_source, plot_probe, plot_router_map
 from orchestrator.analysis.routes import routes_markdown
+from orchestrator.cli import analyze_ablation as ablation
 from orchestrator.core.outputs import check_out_folder
 from orchestrator.core.tracking import client, existing_client, existing_run, missing_store, tracking_uri
 from orchestrator.engine.checkpoint import read_model_checkpoint
@@ -33,8 +38,15 @@ def _open(spec: str) -> tuple[str, TrialConfig, dict]:
     return label or cfg.model_config(vocab_size=ck.get("vocab_size")).router, cfg, ck
 
 
-def _load(cfg: TrialConfig, ck: dict):
-    data = make_batches(cfg.data)
+def _load(cfg: TrialConfig, ck: dict, cache: dict | None = None):
+    """(data, model) of a checkpoint; ``cache``: the data of each data config, read once per command
+    (``--ablate`` loads every model twice)."""
+    key = json.dumps(cfg.to_dict()["data"], sort_keys=True)
+    data = cache.get(key) if cache is not None else None
+    if data is None:
+        data = make_batches(cfg.data)
+        if cache is not None:
+            cache[key] = data
     model = build_model(cfg.model_config(vocab_size=data.vocab_size))
     model.load_state_dict(ck["model"])
     return data, model
@@ -119,6 +131,7 @@ def cmd_analyze(args) -> int:
         raise ConfigError(f"--routes: must be >= 0, got {args.routes}")
     if args.sequences < 1:
         raise ConfigError(f"--sequences: must be >= 1, got {args.sequences}")
+    ablation.check_flags(args)
     check_out_folder(args.out, "--out")
     opened = {}  # every checkpoint read and checked, its label free and its run there, before any compute
     for spec in args.checkpoints:
@@ -126,6 +139,8 @@ def cmd_analyze(args) -> int:
         if label in opened:
             raise ConfigError(f"checkpoints: two checkpoints are labelled {label!r}; name them label=path")
         opened[label] = (cfg, ck, args.run_id or ck.get("run_id"))
+        if args.ablate:
+            ablation.check_routes(label, cfg, ck)
     if args.run_id:  # a run named on the command line must be there
         instead = "or leave out --run-id (each checkpoint's own run is logged to where the store has it)"
         existing_run(args.run_id, existing_client(f"--run-id {args.run_id}", instead=instead), instead=instead)
@@ -134,18 +149,48 @@ def cmd_analyze(args) -> int:
             if run and not _reachable(run):
                 print(f"{label}: not logged: its run {run} is not in the MLflow store {tracking_uri()}")
                 opened[label] = (cfg, ck, None)
-    results = {}
+    results, masses, cache = {}, {}, {}
     for label, (cfg, ck, target) in opened.items():
-        data, model = _load(cfg, ck)
+        data, model = _load(cfg, ck, cache)
         r = analyze_model(model, data, sequences=args.sequences, seq_len=cfg.train.seq_len, alpha=args.alpha,
                           words=words, routes=args.routes)
         results[label] = r
+        if args.ablate:  # the routes' masses over the windows their effects are measured on
+            routes = candidate_routes(model.router, args.ablate_heads)
+            masses[label] = route_masses(model, [x for x, _ in ablation.val_windows(cfg, data)], routes)
         if target:
             log_to_run(target, r.metrics, step=cfg.train.steps)
             print(f"{label}: logged {len(r.metrics)} analysis metrics to MLflow run {target}")
     paths = write_outputs(results, Path(args.out))
+    if args.ablate:
+        paths += _ablate(args, opened, masses, cache)
     for p in paths:
         print(f"wrote {p}")
     mean_ve = {k: float(np.mean(r.value_entropy[0])) for k, r in results.items()}
     print("mean value entropy by variant: " + ", ".join(f"{k}={v:.3f}" for k, v in mean_ve.items()))
     return 0
+
+
+def _ablate(args, opened: dict, masses: dict, cache: dict) -> list[Path]:
+    """Each variant's routes zeroed one at a time on each of its checkpoints (the same routes on all)."""
+    renormalize = bool(args.renormalize)
+    limit = args.ablate_max_routes if args.ablate_max_routes is not None else ablation.DEFAULT_MAX_ROUTES
+    done = []
+    for name, labels in ablation.variants({k: v[0] for k, v in opened.items()}).items():
+        cfg0 = opened[labels[0]][0]
+        v = ablation.select(name, cfg0.model_config().router, {k: masses[k] for k in labels},
+                            list(masses[labels[0]]), limit)
+        routes = sorted(v.why, key=lambda r: r.order())
+        for label in labels:
+            cfg, ck, target = opened[label]
+            data, model = _load(cfg, ck, cache)
+            a = ablation.ablate_checkpoint(model, cfg, data, routes, masses[label], renormalize=renormalize)
+            v.ablations[label] = a
+            print(f"{label}: validation loss {a.loss:.4f}; {len(routes)} routes ablated "
+                  f"({'renormalised' if renormalize else 'zeroed'}), Spearman(mass, effect) {a.spearman:+.2f}")
+            if target:
+                m = ablation.metrics(a)
+                log_to_run(target, m, step=cfg.train.steps)
+                print(f"{label}: logged {len(m)} ablation metrics to MLflow run {target}")
+        done.append(v)
+    return ablation.write(done, Path(args.out))
