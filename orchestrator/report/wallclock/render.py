@@ -46,20 +46,20 @@ def sentence(s: Speedup, scope: str) -> str:
     name = f"**{cell_text(s.need.variant)}**{where}"
     parts = f"{times(s.multiplier)} the compute x {times(s.throughput)} the throughput"
     if s.rounds:
-        measured = (f"step-time ratio baseline / variant {num(s.step_ratio, 4)} [{num(s.s_low, 4)}, "
+        measured = (f" Measured: step-time ratio baseline / variant {num(s.step_ratio, 4)} [{num(s.s_low, 4)}, "
                     f"{num(s.s_high, 4)}] ({pct(s.level)}, sign interval over {s.rounds} rounds; median steps "
                     f"{num(s.step_ms[0], 4)} ms "
                     f"and {num(s.step_ms[1], 4)} ms) x FLOPs per step ratio {num(s.need.flops_ratio, 4)}; the "
-                    f"multiplier at {pct(s.level)}: [{times(s.m_low)}, {times(s.m_high)}]")
+                    f"multiplier at {pct(s.level)}: [{times(s.m_low)}, {times(s.m_high)}].")
     else:
-        measured = "the baseline's model at its shape: throughput ratio 1 by construction, nothing measured"
+        measured = " The baseline's model at its shape: throughput ratio 1 by construction, nothing measured."
     note = f" ({s.note})" if s.note else ""
     if s.verdict == "not tested":
         return f"- {name}: {times(s.speedup)} the wall-clock speed ({parts}); not tested{note}."
     word = (f"cannot decide: too few seeds or rounds for a finite interval at {pct(s.level)}"
             if s.verdict == UNDECIDABLE else WORDS[s.verdict])
     return (f"- {name}: {times(s.speedup)} the wall-clock speed ({parts}), {pct(s.confidence)} interval "
-            f"[{times(s.low)}, {times(s.high)}]; {word}{note}. Measured: {measured}.")
+            f"[{times(s.low)}, {times(s.high)}]; {word}{note}.{measured}")
 
 
 def lines(w: WallClock) -> list[str]:
