@@ -149,12 +149,11 @@ def cases(folder: Path) -> list[Case]:
     out.append(Case("empty-margin", ("sweep", "run", str(waves), "--until-decided", "--margin", ""), "--margin: empty"))
     out.append(Case("plan-unknown-router", ("plan", str(folder / "unknown-router.yaml")), "unknown router"))
     out.append(Case("report-missing-file", ("report", str(folder / "nowhere.yaml")), "does not exist"))
-    out.append(Case("report-throughput-rounds-zero", ("report", "some-sweep", "--throughput", "--throughput-rounds",
-                                                      "0"), "report --throughput-rounds: must be between 1 and 200, got 0"))
-    out.append(Case("report-throughput-rounds-many", ("report", "some-sweep", "--throughput", "--throughput-rounds",
-                                                      "201"), "must be between 1 and 200, got 201"))
-    out.append(Case("report-throughput-rounds-text", ("report", "some-sweep", "--throughput", "--throughput-rounds",
-                                                      "x"), "--throughput-rounds: invalid int value: 'x'"))
+    rounds = ("report", "some-sweep", "--throughput", "--throughput-rounds")
+    out.append(Case("report-throughput-rounds-zero", (*rounds, "0"),
+                    "report --throughput-rounds: must be between 1 and 200, got 0"))
+    out.append(Case("report-throughput-rounds-many", (*rounds, "201"), "must be between 1 and 200, got 201"))
+    out.append(Case("report-throughput-rounds-text", (*rounds, "x"), "--throughput-rounds: invalid int value: 'x'"))
     out.append(Case("report-rounds-without-throughput", ("report", "some-sweep", "--throughput-rounds", "8"),
                     "report --throughput-rounds: only with --throughput"))
     out.append(Case("report-pool-throughput", ("report", "--pool", "a,b", "--throughput"),
