@@ -14,9 +14,10 @@ import pytest
 import scipy.special as spc
 import scipy.stats as sps
 
+from orchestrator.cli.report import MAX_ROUNDS as CLI_MAX_ROUNDS
 from orchestrator.report.compare.results import PairedRow
 from orchestrator.report.multiplier import Multipliers
-from orchestrator.report.wallclock import auto_rounds, speedup, store
+from orchestrator.report.wallclock import MAX_ROUNDS, auto_rounds, speedup, store
 from orchestrator.report.wallclock.shapes import Need, shape_hash, shape_of
 
 M = np.array([1.8, 2.0, 2.3, 1.6, 2.1, 1.9, 0.9, 2.4])  # docs/REPORTS.md's worked example
@@ -168,3 +169,7 @@ def test_a_stale_or_foreign_file_is_refused_with_one_line(tmp_path):
     assert "is not a measurement this code reads (format 'something-else'" in store.load(path, "s", [])[2]
     path.write_text("{not json")
     assert store.load(path, "s", [])[2].startswith(f"{store.FILE} cannot be read (JSONDecodeError)")
+
+
+def test_the_clis_round_limit_is_the_reports():
+    assert CLI_MAX_ROUNDS == MAX_ROUNDS == 200
