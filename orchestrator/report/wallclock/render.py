@@ -47,9 +47,9 @@ def sentence(s: Speedup, scope: str) -> str:
     parts = f"{times(s.multiplier)} the compute x {times(s.throughput)} the throughput"
     if s.rounds:
         measured = (f" Measured: step-time ratio baseline / variant {num(s.step_ratio, 4)} [{num(s.s_low, 4)}, "
-                    f"{num(s.s_high, 4)}] ({pct(s.level)}, sign interval over {s.rounds} rounds; median steps "
-                    f"{num(s.step_ms[0], 4)} ms "
-                    f"and {num(s.step_ms[1], 4)} ms) x FLOPs per step ratio {num(s.need.flops_ratio, 4)}; the "
+                    f"{num(s.s_high, 4)}] ({pct(s.level)}, sign interval over {s.rounds} rounds; median step "
+                    f"{num(s.step_ms[0], 4)} ms for the baseline, {num(s.step_ms[1], 4)} ms for the variant) x FLOPs "
+                    f"per step ratio {num(s.need.flops_ratio, 4)}; the "
                     f"multiplier at {pct(s.level)}: [{times(s.m_low)}, {times(s.m_high)}].")
     else:
         measured = " The baseline's model at its shape: throughput ratio 1 by construction, nothing measured."
