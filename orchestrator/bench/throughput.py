@@ -26,7 +26,7 @@ import torch
 from lime_arch.config import ModelConfig
 from lime_arch.errors import ConfigError
 from orchestrator.bench.step import clock, make_step
-from orchestrator.bench.suite import machine_info, steady_malloc
+from orchestrator.bench.suite import machine_info
 from orchestrator.bench.timing import paired_times
 from orchestrator.core.tracking import git_sha
 
@@ -65,7 +65,6 @@ def measure(shapes: dict[str, dict], pairs: list[tuple[str, str]], rounds: int, 
     if threads:
         torch.set_num_threads(int(threads))
     threads = torch.get_num_threads()
-    steady = device.type == "cpu" and steady_malloc()  # as lime bench: freed memory stays in the heap
     clk, clock_name = clock(device, threads)
     load_before, t0 = list(os.getloadavg()), time.perf_counter()
     labels = list(dict.fromkeys(h for p in pairs for h in p))
@@ -85,6 +84,6 @@ def measure(shapes: dict[str, dict], pairs: list[tuple[str, str]], rounds: int, 
         out += [{"baseline": base, "variant": v, "ratios": ratios[v],
                  "step_ms": {"baseline": 1e3 * statistics.median(times[base]),
                              "variant": 1e3 * statistics.median(times[v])}} for v in variants]
-    return {"machine": {**machine_info(device, threads), "steady_heap": bool(steady)}, "commit": git_sha(),
+    return {"machine": machine_info(device, threads), "commit": git_sha(),
             "load_before": load_before, "load_after": list(os.getloadavg()), "threads": threads, "clock": clock_name,
             "rounds": rounds, "warmup": warmup, "seconds": time.perf_counter() - t0, "pairs": out}
