@@ -21,7 +21,8 @@ from orchestrator.report.wallclock import MAX_ROUNDS, auto_rounds, speedup, stor
 from orchestrator.report.wallclock.shapes import Need, shape_hash, shape_of
 
 M = np.array([1.8, 2.0, 2.3, 1.6, 2.1, 1.9, 0.9, 2.4])  # docs/REPORTS.md's worked example
-# step-time ratios variant / baseline over 12 rounds; sorted: 1.07 1.08 1.09 1.09 1.10 1.10 1.11 1.11 1.12 1.12 1.13 1.30
+# step-time ratios variant / baseline over 12 rounds;
+# sorted: 1.07 1.08 1.09 1.09 1.10 1.10 1.11 1.11 1.12 1.12 1.13 1.30
 RATIOS = [1.10, 1.12, 1.08, 1.11, 1.09, 1.13, 1.10, 1.07, 1.11, 1.12, 1.09, 1.30]
 
 
