@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="measure each variant's training throughput against the baseline's at the sweep's shape, in "
                    "one process (interleaved paired rounds, as lime bench), for the wall-clock speedup; saved as "
                    "OUT/<sweep>/throughput.json, which later reports read while it matches the sweep")
-    r.add_argument("--throughput-rounds", type=int, metavar="N",
+    r.add_argument("--throughput-rounds", metavar="N",
                    help="with --throughput: paired rounds per variant (default: 12, or the fewest that give a finite "
                    "interval at the speedup's level; at most 200)")
     r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))

@@ -42,9 +42,10 @@ def throughput_rounds(args) -> int | None:
         return None
     if not getattr(args, "throughput", False):
         raise ConfigError("report --throughput-rounds: only with --throughput (it sets the measurement's rounds)")
-    if not 1 <= n <= MAX_ROUNDS:
-        raise ConfigError(f"report --throughput-rounds: must be between 1 and {MAX_ROUNDS}, got {n}")
-    return n
+    text = str(n).strip()
+    if not (text.isdigit() and 1 <= int(text) <= MAX_ROUNDS):
+        raise ConfigError(f"report --throughput-rounds: must be an integer between 1 and {MAX_ROUNDS}, got {n!r}")
+    return int(text)
 
 
 def cmd_report(args) -> int:
