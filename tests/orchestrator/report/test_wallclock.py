@@ -174,3 +174,17 @@ def test_a_stale_or_foreign_file_is_refused_with_one_line(tmp_path):
 
 def test_the_clis_round_limit_is_the_reports():
     assert CLI_MAX_ROUNDS == MAX_ROUNDS == 200
+
+
+def test_the_product_interval_covers_the_true_speedup_at_least_at_its_level():
+    # 8 seeds of log M ~ N(log 1.5, 0.3) (median multiplier 1.5) and 12 rounds of log ratio ~ N(log 1.2, 0.05)
+    # (median throughput 1 / 1.2), FLOPs per step 1.1x: the true speedup is 1.5 x 1.1 / 1.2. Bonferroni over the
+    # two factors: coverage >= 95% (independent factors give (1 - 0.025)^2 ~ 95.1% or more)
+    rng = np.random.default_rng(0)
+    truth, sims = 1.5 * 1.1 / 1.2, 2000
+    hits = 0
+    for _ in range(sims):
+        s = speedup(NEED, mrow(rng.normal(math.log(1.5), 0.3, 8), 0.95),
+                    list(np.exp(rng.normal(math.log(1.2), 0.05, 12))), sequential=False)
+        hits += s.low <= truth <= s.high
+    assert hits / sims >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / sims)
