@@ -149,6 +149,16 @@ def cases(folder: Path) -> list[Case]:
     out.append(Case("empty-margin", ("sweep", "run", str(waves), "--until-decided", "--margin", ""), "--margin: empty"))
     out.append(Case("plan-unknown-router", ("plan", str(folder / "unknown-router.yaml")), "unknown router"))
     out.append(Case("report-missing-file", ("report", str(folder / "nowhere.yaml")), "does not exist"))
+    rounds = ("report", "some-sweep", "--throughput", "--throughput-rounds")
+    out.append(Case("report-throughput-rounds-zero", (*rounds, "0"),
+                    "report --throughput-rounds: must be an integer between 1 and 200, got '0'"))
+    out.append(Case("report-throughput-rounds-many", (*rounds, "201"),
+                    "must be an integer between 1 and 200, got '201'"))
+    out.append(Case("report-throughput-rounds-text", (*rounds, "x"), "must be an integer between 1 and 200, got 'x'"))
+    out.append(Case("report-rounds-without-throughput", ("report", "some-sweep", "--throughput-rounds", "8"),
+                    "report --throughput-rounds: only with --throughput"))
+    out.append(Case("report-pool-throughput", ("report", "--pool", "a,b", "--throughput"),
+                    "report --pool: no --throughput"))
     for name, (content, expect) in TRAIN_CASES.items():
         path = folder / f"{name}.yaml"
         _write(path, content)

@@ -10,6 +10,7 @@ Run it with ``lime bench`` (``--no-track`` to skip MLflow). Modules, bottom up:
   outputs  bench.md, bench.csv, decode.csv (torch-free)
   run      ``run_bench``: all of the above, in order
   profile  ``run_profile`` (``lime bench --profile``): the routing's products against reference GEMMs
+  throughput ``lime report --throughput``: a sweep's models at its shape, timed in paired rounds
 
 ``run_bench`` and ``run_profile`` load lazily (PEP 562, as ``lime_arch``'s public names do): ``lime bench --help``
 and the option checks of ``orchestrator.cli.bench`` import this package without torch.

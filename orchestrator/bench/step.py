@@ -44,13 +44,16 @@ def autocast(device: torch.device, amp: bool):
     return torch.autocast("cuda", dtype=torch.bfloat16) if amp and device.type == "cuda" else nullcontext()
 
 
-def train_step(model, opt, idx, device, amp) -> None:
-    """``model``: the module or its compiled form; ``opt`` holds the module's parameters."""
-    with autocast(device, amp):
-        logits = model(idx[:, :-1])
-    loss = F.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
+def train_step(model, opt, idx, device, amp, accum: int = 1) -> None:
+    """``model``: the module or its compiled form; ``opt`` holds the module's parameters. ``accum``
+    micro-batches (forward and backward each, on the same tokens) before the optimizer step, as a
+    trial with ``train.grad_accum`` runs them (``lime report --throughput`` times a sweep's step)."""
     opt.zero_grad(set_to_none=True)
-    loss.backward()
+    for _ in range(accum):
+        with autocast(device, amp):
+            logits = model(idx[:, :-1])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), idx[:, 1:].flatten())
+        (loss / accum if accum > 1 else loss).backward()
     opt.step()
 
 
@@ -81,14 +84,16 @@ def compiled(model, mode: str | None, variants: int = 1):
     return torch.compile(model, mode=mode)
 
 
-def make_step(cfg: ModelConfig, batch: int, seq: int, device: torch.device, amp: bool, compile_mode: str | None = None):
-    """A standalone model, optimizer and batch: ``step()`` runs one training step (memory worker)."""
+def make_step(cfg: ModelConfig, batch: int, seq: int, device: torch.device, amp: bool, compile_mode: str | None = None,
+              accum: int = 1, variants: int = 1):
+    """A standalone model, optimizer and batch: ``step()`` runs one training step (the memory worker;
+    ``lime report --throughput``, whose ``variants`` models are compiled in one process)."""
     torch.manual_seed(0)
     model = build_model(cfg).to(device)
     opt = adamw(model)
-    fwd = compiled(model, compile_mode)
+    fwd = compiled(model, compile_mode, variants)
     idx = torch.randint(0, cfg.vocab_size, (batch, seq + 1), device=device)
-    return lambda: train_step(fwd, opt, idx, device, amp)
+    return lambda: train_step(fwd, opt, idx, device, amp, accum)
 
 
 def clock(device: torch.device, threads: int):

@@ -121,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--pool", metavar="A,B,...", help="pool the pre-registered comparisons of these sweeps (each "
                    "compared as its own report compares it; all on one metric) into one report with one correction; "
                    "written to OUT/pool-A-B")
+    r.add_argument("--throughput", action="store_true",
+                   help="measure each variant's training throughput against the baseline's at the sweep's shape, in "
+                   "one process (interleaved paired rounds, as lime bench), for the wall-clock speedup; saved as "
+                   "OUT/<sweep>/throughput.json, which later reports read while it matches the sweep")
+    r.add_argument("--throughput-rounds", metavar="N",
+                   help="with --throughput: paired rounds per variant (default: 12, or the fewest that give a finite "
+                   "interval at the speedup's level; at most 200)")
     r.set_defaults(func=_lazy("orchestrator.cli.report:cmd_report"))
 
     pl = sub.add_parser("plan", help="what a sweep design can show, and the seeds per arm it needs")

@@ -15,6 +15,8 @@ whose artifacts an MLflow server serves (``mlflow-artifacts:``) needs that serve
 URI, not its database file (the report could not be logged to the parent run).
 Only the sweep file's validation is imported up front; the report builder (pandas, scipy,
 MLflow) loads after the file has been read (``importlib``), so a missing file is refused at once.
+``--throughput`` (``orchestrator.bench.throughput``: torch) measures the throughput ratios of the
+wall-clock speedups (``orchestrator.report.wallclock``); ``--throughput-rounds`` is checked first.
 """
 from __future__ import annotations
 
@@ -30,10 +32,28 @@ from orchestrator.sweep.spec import load_spec
 from orchestrator.sweep.view import experiment_dir, require_store
 
 SERVED = "mlflow-artifacts:"  # an experiment whose artifacts only its MLflow server can reach
+MAX_ROUNDS = 200  # orchestrator.report.wallclock.MAX_ROUNDS (not imported here: it loads pandas and scipy)
+
+
+def throughput_rounds(args) -> int | None:
+    """``--throughput-rounds``, checked before anything is read: None for the default (or no measurement)."""
+    n = getattr(args, "throughput_rounds", None)
+    if n is None:
+        return None
+    if not getattr(args, "throughput", False):
+        raise ConfigError("report --throughput-rounds: only with --throughput (it sets the measurement's rounds)")
+    text = str(n).strip()
+    if not (text.isdigit() and 1 <= int(text) <= MAX_ROUNDS):
+        raise ConfigError(f"report --throughput-rounds: must be an integer between 1 and {MAX_ROUNDS}, got {n!r}")
+    return int(text)
 
 
 def cmd_report(args) -> int:
+    rounds = throughput_rounds(args)
     if getattr(args, "pool", None):
+        if getattr(args, "throughput", False):
+            raise ConfigError("report --pool: no --throughput (a wall-clock speedup is measured for one sweep's "
+                              "shape: run lime report SWEEP --throughput for each)")
         if args.sweep or args.metric or args.axis or args.baseline:
             raise ConfigError("report --pool: name the sweeps in --pool only (each is compared as its own report "
                               "compares it; no SWEEP, --metric, --axis or --baseline)")
@@ -60,8 +80,12 @@ def cmd_report(args) -> int:
     check_out_folder(Path(args.out) / name, "--out")  # the report's own folder: not a file either
     check_store(name)
     build = importlib.import_module("orchestrator.report.build")  # pandas, scipy, MLflow: the file is read
+    # --throughput: the benchmark's timing (torch) measures; the report layer stays torch-free and calls it
+    measure = None
+    if getattr(args, "throughput", False):
+        measure = importlib.import_module("orchestrator.bench.throughput").measure
     path = build.build_report(name, out=args.out, metric=args.metric, axis=args.axis, baseline=args.baseline,
-                              settings=settings, sweep_file=sweep_file)
+                              settings=settings, sweep_file=sweep_file, measure=measure, rounds=rounds)
     print(path)
     return 0
 

@@ -9,6 +9,9 @@
   render/      markdown sections, tables, figures and report.html
   search       search sweeps: the sampled configurations are what is compared
   efficiency   how well a sweep used its slots
+  multiplier/  compute multipliers: the FLOPs the baseline needs to reach a variant's loss over its own
+  wallclock/   wall-clock speedups: the multiplier times a throughput ratio measured by ``lime report
+               --throughput`` (torch passed in by the CLI: this layer stays torch-free)
   planner      the seed planner (``lime plan``)
   build        the assembly: ``build_report`` writes results/<sweep>/ and logs it to the parent run
 """

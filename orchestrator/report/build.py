@@ -8,29 +8,26 @@ the verdicts use, ``orchestrator.report.per_seed``):
 - a table like the paper's (variant, n, mean +- std, CI, change vs baseline, step time, memory, params);
 - a verdict per variant from the per-seed differences (``orchestrator.decide.rule``, through
   ``orchestrator.report.compare``), labelled after sequential stopping (``render.sequential``);
-- with ``report.tune``, each variant at its own best value of the tuning axis
-  (``orchestrator.report.compare.tuning``);
-- for a search sweep, its configurations against the best one, and the winner named
-  (``orchestrator.report.search``);
+- with ``report.tune``, each variant at its own best value of the tuning axis (``compare.tuning``);
+- for a search sweep, its configurations against the best one, and the winner named (``search``);
 - for a sweep that mirrors a paper result, "paper vs this run" (``orchestrator.report.paper.fidelity``);
 - the unstable trials (spike-tagged by the engine's stability monitor, or diverged) and which
   verdicts move without them (``orchestrator.report.unstable``: a sensitivity line, nothing dropped);
 - every trial that is not a sample (failed, diverged, killed, running, no final metric), and
-  every duplicate MLflow run of a trial with the run that was kept;
-- for depth sweeps (``n_layers`` varies) the same tables per depth (``across_seeds.compare_by``) and the
-  metric against depth;
+  every duplicate MLflow run of a trial with the run that was kept; for depth sweeps (``n_layers``
+  varies) the same tables per depth and the metric against depth;
 - plots: loss curves by step and by FLOPs, the final metric per seed, router heatmaps (mean over
   seeds of each run's normalized mean-|w| source map, from the ``router_weights.npz`` artifacts);
 - each variant's compute multiplier: the FLOPs the baseline needs to reach its final validation loss
-  over its own, per seed, with the verdict rule's interval (``orchestrator.report.multiplier``);
-- the iso-FLOP comparison (each variant at the baseline's final FLOP budget) and, when a variant
-  was trained at several sizes, the scaling section (fits, multipliers, hold-out check, depth
-  view; ``orchestrator.report.scaling``, whose numbers also go to the parent run as
-  ``scaling/...`` metrics);
-- representation-analysis metrics (``analysis/...``) when runs have them;
-- for trials trained with router pruning, Table 5's counts and the loss cost and step-time saving
-  of pruning against the unpruned twins (``orchestrator.report.routing``), and the retrieval curves
-  of Figure 9 and a token-dependent router's spread maps among the plots;
+  over its own, per seed, with the verdict rule's interval (``orchestrator.report.multiplier``), and
+  its wall-clock speedup: that times the throughput ratio measured by ``lime report --throughput``
+  (``measure``; ``orchestrator.report.wallclock``, ``throughput.json`` beside the report);
+- the iso-FLOP comparison (each variant at the baseline's final FLOP budget) and, when a variant was
+  trained at several sizes, the scaling section (fits, multipliers, hold-out check, depth view;
+  ``orchestrator.report.scaling``, whose numbers also go to the parent run as ``scaling/...`` metrics);
+- representation-analysis metrics (``analysis/...``) when runs have them; for trials trained with router
+  pruning, Table 5's counts and the loss cost and step-time saving of pruning against the unpruned twins
+  (``routing``), and the retrieval curves of Figure 9 and a token-dependent router's spread maps;
 - downstream tasks (``eval/...``) when runs have them: the Table 1 layout with paired verdicts
   per task and for the average, the same paired per document (``eval_items``), and the paper's
   Table 1 directions (``orchestrator.report.evaluation``, also ``evaluation.csv``, ``evaluation_items.csv``);
@@ -43,10 +40,9 @@ What is compared (metric, axis, baseline) comes from the sweep's parent run
 the tables are ``orchestrator.report.render.tables``, the markdown ``orchestrator.report.render.sections``.
 
 Determinism: rows are sorted by trial, statistics are seeded, plots have fixed styles and no PNG
-metadata, and the body has no timestamps, so the same runs give byte-identical files.
-The files are also logged to the parent run under the artifact path ``report``, with
-``report.html``: the same report with its plots embedded, which MLflow's artifact viewer renders
-(``orchestrator.report.render.html``).
+metadata, and the body has no timestamps, so the same runs (and throughput.json) give byte-identical
+files. The files are also logged to the parent run under the artifact path ``report``, with ``report.html``:
+the same report with its plots embedded, which MLflow's artifact viewer renders (``render.html``).
 """
 from __future__ import annotations
 
@@ -76,6 +72,7 @@ from orchestrator.report import (
     scaling,
     search,
     unstable,
+    wallclock,
 )
 from orchestrator.report.compare import across_seeds, by_seed, decisions, tuning, verdicts
 from orchestrator.report.compare.results import Comparison, PairedAnalysis
@@ -87,6 +84,7 @@ from orchestrator.report.render.html import write_html
 from orchestrator.report.render.sections import ReportData
 from orchestrator.report.runs import SweepRuns, add_key_columns, collect_runs, find_runs, load_runs
 from orchestrator.report.settings import REPORT_DEFAULTS, Choice, ReportSettings, SweepFile, choose, from_parent_run
+from orchestrator.report.wallclock import render as wall_render
 
 __all__ = ["build_report", "library_versions", "ReportSettings", "SweepFile", "REPORT_DEFAULTS", "SweepRuns",
            "load_runs", "mean_router_map", "router_map_from_npz"]
@@ -109,12 +107,12 @@ def library_versions() -> dict[str, str]:
 def build_report(sweep: str, out: str | Path = "results", metric: str | None = None,
                  axis: str | None = None, baseline: str | None = None, seed: int = 0,
                  log_to_mlflow: bool = True, settings: ReportSettings | None = None,
-                 sweep_file: SweepFile | None = None) -> Path:
+                 sweep_file: SweepFile | None = None, measure=None, rounds: int | None = None) -> Path:
     """Write ``<out>/<sweep>/report.md``, ``summary.csv``, ``per_seed.csv`` and PNGs; returns the report.md path.
 
     ``settings`` and ``sweep_file``: what the caller read from a sweep file. Without settings
     they come from the sweep's parent run (the defaults, with a note, when it has none), and so
-    does the file shown unless ``sweep_file`` is given."""
+    does the file shown unless ``sweep_file`` is given. ``measure``, ``rounds``: ``lime report --throughput``."""
     cl = tracking.client()
     found = find_runs(sweep, cl)
     if settings is None:
@@ -149,7 +147,9 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
     mult = multiplier.build(sdf, data.histories, choice.axis, blocks, tables_decided, choice.alpha, families.sequential,
                             seed)
     co = cosched.find(df, choice.axis)
+    wall = wallclock.build(sdf, choice.axis, blocks, tables_decided, mult, out_dir, sweep, measure, rounds)
     mult_render.add_columns(rows, mult)
+    wall_render.add_columns(rows, wall)
     cosched.add_column(rows, co)
     pd.DataFrame(rows).to_csv(out_dir / "summary.csv", index=False, float_format="%.10g", lineterminator="\n")
     seeds = per_seed.rows(tables_decided, blocks, seed, lambda *key: mult_render.seed_columns(mult, *key))
@@ -175,7 +175,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
                         families=families, margin=choice.margin, iso=scal.iso,
                         sequential=sequential.lines(pa, waves, choice.decide, ref, mode, _abs_margin(choice))
                         if families.sequential else [],
-                        unstable=unstable_lines, multipliers=mult, co_scheduled=co)
+                        unstable=unstable_lines, multipliers=mult, co_scheduled=co, wallclock=wall)
     (out_dir / "report.md").write_text(sections.markdown(report))
     write_html(out_dir / "report.md", f"Sweep report: {data.name}")  # report.html: the plots embedded
 
@@ -183,7 +183,7 @@ def build_report(sweep: str, out: str | Path = "results", metric: str | None = N
         if data.parent_run_id:
             cl.log_artifacts(data.parent_run_id, str(out_dir), artifact_path="report")
             scaling.log(cl, data.parent_run_id, scal)
-            scaling.log_metrics(cl, data.parent_run_id, mult_render.metrics(mult))
+            scaling.log_metrics(cl, data.parent_run_id, {**mult_render.metrics(mult), **wall_render.metrics(wall)})
         else:
             print(f"note: sweep {sweep!r} has no parent run; the report is not logged to MLflow",
                   file=sys.stderr)

@@ -27,6 +27,7 @@ from orchestrator.report.render.sequential import NOT_VALID as STOPPED
 from orchestrator.report.runs import SweepRuns
 from orchestrator.report.settings import SweepFile
 from orchestrator.report.stats import power
+from orchestrator.report.wallclock import render as wall
 
 
 @dataclass
@@ -61,6 +62,7 @@ class ReportData:
     unstable: list[str] = field(default_factory=list)  # the "Unstable trials" section (orchestrator.report.unstable)
     multipliers: Any = None  # ``orchestrator.report.multiplier.Multipliers``: the compute multipliers, or None
     co_scheduled: Any = None  # ``orchestrator.report.cosched.CoScheduled``: trials that ran beside others, or None
+    wallclock: Any = None  # ``orchestrator.report.wallclock.WallClock``: the wall-clock speedups, or None
 
 
 def markdown(r: ReportData) -> str:
@@ -155,7 +157,8 @@ def results(r: ReportData) -> list[str]:
     rows = [row for row in r.rows if row["scope"] == "all"]
     if len(rows) >= 3:  # a field of variants: ranked first, by the metric and by it at equal compute
         column = mult.ranking(r.multipliers) if r.multipliers is not None and r.multipliers.rows else None
-        ranked = tables.ranking_table(rows, r.iso, r.mode, r.metric, column, _co(r))
+        speed = wall.ranking(r.wallclock) if r.wallclock is not None else None
+        ranked = tables.ranking_table(rows, r.iso, r.mode, r.metric, column, _co(r), speed)
         lines += ["### Ranking", "", *ranked, "", "### All numbers", ""]
     lines += tables.paper_table(rows, r.comp.confidence, _seq(r), _co(r))
     pooled = " This table pools all depths; see \"Results by depth\"." if r.by_depth else ""
@@ -186,7 +189,8 @@ def memory_text(df) -> str:
 
 def verdict_section(r: ReportData) -> list[str]:
     return (["", "## Verdicts", "", *decision_rules(r), "", *verdict_lines(r.paired)]
-            + (mult.lines(r.multipliers, r.metric) if r.multipliers is not None else []))
+            + (mult.lines(r.multipliers, r.metric) if r.multipliers is not None else [])
+            + (wall.lines(r.wallclock) if r.wallclock is not None else []))
 
 
 def decision_rules(r: ReportData) -> list[str]:

@@ -107,15 +107,16 @@ def _paired_key(r: dict[str, Any]) -> float:
 
 
 def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]], mode: str,
-                  metric: str, mult: dict[str, str] | None = None, co_scheduled: bool = False) -> list[str]:
+                  metric: str, mult: dict[str, str] | None = None, co_scheduled: bool = False,
+                  wall: dict[str, str] | None = None) -> list[str]:
     """The variants ranked by their paired change against the baseline (each variant's mean per-seed
     difference over the seeds it shares with the baseline: a variant stopped early at 8 seeds is not
     ranked by its 8-seed mean against the baseline's 32-seed mean), beside their rank at the
     baseline's training FLOPs (``iso``: the iso-FLOP comparison's value at that budget; "-" where a
     variant's runs end before it), their verdict against the baseline, step time and training
     memory; with ``mult`` (variant -> text) the compute multiplier and its interval
-    (``orchestrator.report.multiplier``). Rows without paired columns (an unpaired design) rank by their own
-    means."""
+    (``orchestrator.report.multiplier``), with ``wall`` the wall-clock speedup (``report.wallclock``).
+    Rows without paired columns (an unpaired design) rank by their own means."""
     sign = 1.0 if mode == "min" else -1.0
     paired = any(not r["baseline"] and math.isfinite(_paired_key(r)) for r in rows)
     key_of = _paired_key if paired else (lambda r: r["mean"])
@@ -137,7 +138,8 @@ def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]
         body.append([str(i + 1), name, num(r["mean"]), change, str(r.get("verdict") or "-"),
                      str(iso_rank[key]) if key in iso_rank else "-", num(v[0]) if v else "-",
                      pct(r["step_time_change_pct"]), pct(r["peak_mem_change_pct"])]
-                    + ([("-" if r["baseline"] else mult.get(key, "-"))] if mult is not None else []))
+                    + ([("-" if r["baseline"] else mult.get(key, "-"))] if mult is not None else [])
+                    + ([("-" if r["baseline"] else wall.get(key, "-"))] if wall is not None else []))
     by = ("by the paired change: each variant's mean per-seed difference to the baseline over the seeds both have"
           if paired else f"by the mean `{cell(metric)}` over seeds")
     note = (f"Rank {by} ({'lower' if mode == 'min' else 'higher'} is better); the mean column is each variant's own "
@@ -146,11 +148,14 @@ def ranking_table(rows: list[dict[str, Any]], iso: dict[str, tuple[float, float]
             "is the one of the Verdicts section, read off its interval."
             + (" Compute multiplier: how many times the compute the variant is worth, the median over seeds and "
                "its interval (Verdicts, Worth in compute)." if mult is not None else "")
+            + (" Wall-clock speedup: the multiplier times the measured throughput ratio, and its interval "
+               "(Verdicts, Worth in wall-clock time)." if wall is not None else "")
             + (" Step changes are co-scheduled (see All numbers), not overhead." if co_scheduled else ""))
     co = " (co-scheduled)" if co_scheduled else ""
     return table(["rank", "variant", "mean", "paired change (seeds)" if paired else "change", "verdict",
                   "rank at equal FLOPs", "val/loss at the baseline's FLOPs", f"step change{co}", "memory change"]
-                 + (["compute multiplier [interval]"] if mult is not None else []), body) + ["", note]
+                 + (["compute multiplier [interval]"] if mult is not None else [])
+                 + (["wall-clock speedup [interval]"] if wall is not None else []), body) + ["", note]
 
 
 def left_out(df: pd.DataFrame, metric: str, axis: str) -> list[dict[str, Any]]:
