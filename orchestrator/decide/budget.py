@@ -36,9 +36,9 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from orchestrator.decide import reach
+from orchestrator.decide.verdict import BUDGET_UNITS as WORDS
 
-UNITS = ("trials", "core_hours", "gpu_hours")
-WORDS = {"trials": "trials", "core_hours": "core-hours", "gpu_hours": "GPU-hours"}
+UNITS = tuple(WORDS)
 
 
 def _num(x: float) -> str:
