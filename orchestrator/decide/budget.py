@@ -193,8 +193,9 @@ class Projection:
     spent_out: bool = False  # ended because the budget was spent, not by its own projection
 
     def text(self, units: tuple[str, ...]) -> str:
-        need = f"about {self.seeds} seeds per arm" if self.seeds is not None else f"more than {reach.LIMIT} seeds per arm"
-        head = f"at look {self.look} ({self.n} seeds, median {self.median:.3g}, sd {self.sd:.3g}) a decision needs {need}"
+        need = f"about {self.seeds}" if self.seeds is not None else f"more than {reach.LIMIT}"
+        head = (f"at look {self.look} ({self.n} seeds, median {self.median:.3g}, sd {self.sd:.3g}) a decision needs "
+                f"{need} seeds per arm")
         if self.spent_out:
             return (f"{head}; the budget is spent: one more seed for it and the baseline costs "
                     f"{self.cost.text(units)}, {self.left.text(units)} left")

@@ -145,9 +145,9 @@ def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, i
         capped = [d for d in decisions if not d.final]
         spent = [d for d in decisions if d.verdict.word == AT_BUDGET]
         wave.done = True
-        wave.why = "; ".join(
-            ([f"{len(capped)} comparison(s) not decided at the cap of {design.max_seeds} seeds"] if capped else [])
-            + ([f"{len(spent)} comparison(s) inconclusive at budget"] if spent else [])) or "every comparison is decided"
+        why = ([f"{len(capped)} comparison(s) not decided at the cap of {design.max_seeds} seeds"] if capped else [])
+        why += [f"{len(spent)} comparison(s) inconclusive at budget"] if spent else []
+        wave.why = "; ".join(why) or "every comparison is decided"
         return wave
     every = set().union(*launched.values()) if launched else set()
     top = max((s for s in every if isinstance(s, int)), default=-1)

@@ -332,8 +332,9 @@ def check_decide(spec: Any) -> None:
     b = spec.decide.budget
     first = math.prod(len(v) for v in spec.grid.values())  # the compared values x the seeds (checked above)
     if b is not None and b.trials is not None and b.trials < first:  # the first wave always runs: the file's grid
-        raise FieldError(f"{b.trials} is below the first wave's {first} trials (the grid's {first // len(spec.grid[seed])}"
-                         f" values x {len(spec.grid[seed])} seeds in grid.{seed})", "decide.budget.trials")
+        values = first // len(spec.grid[seed])
+        raise FieldError(f"{b.trials} is below the first wave's {first} trials (the grid's {values} values x"
+                         f" {len(spec.grid[seed])} seeds in grid.{seed})", "decide.budget.trials")
     if b is not None and b.gpu_hours is not None and not spec.resources.gpu > 0:
         raise FieldError("the trials hold no GPU (resources.gpu is 0): a GPU-hours budget would never be spent; give "
                          "trials or core_hours", "decide.budget.gpu_hours")
