@@ -14,6 +14,12 @@ wave resumes first), and each look's decisions on the parent run (``sweep.decide
 settings ``sweep.decide.*`` and the absolute margin ``sweep.decide.margin_abs``; a % margin is fixed
 from the baseline's mean at the first look). The decisions are a function of the finished trials,
 so the resumed loop reaches the same ones and continues where it was.
+
+With ``decide.budget`` (or ``--budget``) each look also prices the undecided comparisons
+(``orchestrator.decide.budget``) from the trials' measured wall times (``trial/wall_s``) and the
+resources each holds; the budget is recorded as ``sweep.decide.budget``, and each look's record
+carries what was spent and the comparisons it ended "inconclusive at budget" with their projections
+(those stay ended when a killed driver resumes).
 """
 from __future__ import annotations
 
