@@ -32,6 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable
 from dataclasses import dataclass, fields
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,15 @@ UNITS = tuple(WORDS)
 
 def _num(x: float) -> str:
     return f"{x:.0f}" if x == int(x) and abs(x) < 1e15 else f"{x:.3g}"
+
+
+def _rec(x: float) -> float | str | None:
+    """A number for a JSON record: 4 significant digits; inf as "inf", nan (not known) as null."""
+    return float(f"{x:.4g}") if math.isfinite(x) else ("inf" if x > 0 else "-inf") if math.isinf(x) else None
+
+
+def _unrec(x: Any) -> float:
+    return math.nan if x is None else float(x)  # float("inf") reads "inf"
 
 
 @dataclass(frozen=True)
@@ -69,14 +79,13 @@ class Cost:
             parts.append(f"{'unknown' if math.isnan(v) else 'unbounded' if math.isinf(v) else _num(v)} {WORDS[u]}")
         return ", ".join(parts)
 
-    def record(self) -> dict[str, float | None]:
-        """JSON-safe: rounded to 4 significant digits; inf and nan as null."""
-        return {u: (float(f"{v:.4g}") if math.isfinite(v) else None) for u, v in zip(UNITS, self.values())}
+    def record(self) -> dict[str, Any]:
+        """JSON-safe: 4 significant digits; inf as "inf", nan (not known) as null."""
+        return {u: _rec(v) for u, v in zip(UNITS, self.values())}
 
     @classmethod
     def from_record(cls, d: dict | None) -> Cost:
-        d = d or {}
-        return cls(*(math.inf if d.get(u) is None else float(d[u]) for u in UNITS))
+        return cls(*(_unrec((d or {}).get(u)) for u in UNITS))
 
 
 @dataclass(frozen=True)
@@ -192,25 +201,27 @@ class Projection:
     left: Cost  # what the budget had left
     spent_out: bool = False  # ended because the budget was spent, not by its own projection
 
-    def text(self, units: tuple[str, ...]) -> str:
+    def text(self, units: tuple[str, ...], limits: tuple[str, ...] | None = None) -> str:
+        """In words; the costs in ``units``, what was left in ``limits`` (the budget's units; default ``units``)."""
+        left = self.left.text(limits or units)
         need = f"about {self.seeds}" if self.seeds is not None else f"more than {reach.LIMIT}"
         head = (f"at look {self.look} ({self.n} seeds, median {self.median:.3g}, sd {self.sd:.3g}) a decision needs "
                 f"{need} seeds per arm")
         if self.spent_out:
             return (f"{head}; the budget is spent: one more seed for it and the baseline costs "
-                    f"{self.cost.text(units)}, {self.left.text(units)} left")
+                    f"{self.cost.text(units)}, {left} left")
         if self.seeds is None:
-            return f"{head}: more than any budget ({self.left.text(units)} left)"
-        return f"{head}: {self.cost.text(units)} more, above the {self.left.text(units)} left"
+            return f"{head}: more than any budget ({left} left)"
+        return f"{head}: {self.cost.text(units)} more, above the {left} left"
 
     def record(self) -> dict:
-        return {"look": self.look, "n": self.n, "median": float(f"{self.median:.4g}"), "sd": float(f"{self.sd:.4g}"),
+        return {"look": self.look, "n": self.n, "median": _rec(self.median), "sd": _rec(self.sd),
                 "need": self.seeds, "cost": self.cost.record(), "left": self.left.record(), "spent": self.spent_out}
 
     @classmethod
     def from_record(cls, d: dict) -> Projection:
-        return cls(look=int(d.get("look", 0)), n=int(d.get("n", 0)), median=float(d.get("median", math.nan)),
-                   sd=float(d.get("sd", math.nan)), seeds=d.get("need"), cost=Cost.from_record(d.get("cost")),
+        return cls(look=int(d.get("look", 0)), n=int(d.get("n", 0)), median=_unrec(d.get("median")),
+                   sd=_unrec(d.get("sd")), seeds=d.get("need"), cost=Cost.from_record(d.get("cost")),
                    left=Cost.from_record(d.get("left")), spent_out=bool(d.get("spent")))
 
 
