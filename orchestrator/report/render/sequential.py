@@ -11,6 +11,10 @@ question:
   it only as what 80% would take: a sequential run with less power is not cheaper than it in any
   useful sense (the audit's "72 trials against 528 (86% fewer)" compared a run of 4.5% power with
   an 80%-power design).
+
+With a cost budget (``decide.budget``): the budget, what the sweep spent against it (trials and
+core-hours, from the last look's record) and each comparison a look ended "inconclusive at budget"
+with its projection (``orchestrator.decide.budget``); its row in the table says so beside its verdict.
 """
 from __future__ import annotations
 
