@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from orchestrator.decide import budget as budgets
-from orchestrator.decide import rule
+from orchestrator.decide import costs, rule
 from orchestrator.decide.families import BASELINE, Family
 from orchestrator.decide.intervals import Interval
 from orchestrator.decide.verdict import AT_BUDGET, DECIDED, UNDECIDABLE, UNDECIDED, UNTESTED, Verdict
@@ -50,7 +50,7 @@ class Design:
     margin: float | None  # absolute, metric units
     max_seeds: int  # seeds per arm at most
     wave: int  # seeds added per wave
-    budget: budgets.Budget | None = None  # what the sweep may cost at most
+    budget: costs.Budget | None = None  # what the sweep may cost at most
 
     @property
     def family(self) -> Family:
@@ -86,8 +86,8 @@ class Wave:
     next_seeds: list = field(default_factory=list)
     done: bool = False
     why: str = ""
-    spent: budgets.Cost | None = None  # with a budget: what the sweep had spent at this look
-    next_cost: budgets.Cost | None = None  # with a budget: what the next wave costs
+    spent: costs.Cost | None = None  # with a budget: what the sweep had spent at this look
+    next_cost: costs.Cost | None = None  # with a budget: what the next wave costs
     ended: dict = field(default_factory=dict)  # variant -> Projection: ended at budget at this look
 
     def record(self) -> dict[str, Any]:
@@ -109,7 +109,7 @@ def differences(values: Values, variant: Hashable, baseline: Hashable) -> tuple[
 
 
 def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, index: int,
-                frozen: dict[Hashable, Decision] | None = None, ledger: budgets.Ledger | None = None,
+                frozen: dict[Hashable, Decision] | None = None, ledger: costs.Ledger | None = None,
                 stopped: dict[Hashable, budgets.Projection] | None = None) -> Wave:
     """The decisions after a wave and the next wave (see the module docstring). ``frozen``: the
     comparisons decided (or ended at budget) at an earlier look (they keep their decision);
@@ -131,7 +131,7 @@ def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, i
     wave = Wave(index, decisions)
     size = max(1, min(design.wave, design.max_seeds - max((d.launched for d in open_), default=0)))
     if design.budget is not None:
-        ledger = ledger or budgets.count(launched)
+        ledger = ledger or costs.count(launched)
         wave.spent = ledger.spent
         if open_:
             arms = [(d.variant, differences(values, d.variant, design.baseline)[1], d.launched) for d in open_]
@@ -140,7 +140,7 @@ def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, i
             wave.decisions = decisions = [replace(d, verdict=Verdict(AT_BUDGET), projection=wave.ended[d.variant])
                                           if d.variant in wave.ended else d for d in decisions]
             open_ = [d for d in open_ if d.variant in keep]
-            wave.next_cost = budgets.wave_cost([design.baseline, *keep], ledger, size) if keep else None
+            wave.next_cost = costs.wave_cost([design.baseline, *keep], ledger, size) if keep else None
     if not open_:
         capped = [d for d in decisions if not d.final]
         spent = [d for d in decisions if d.verdict.word == AT_BUDGET]
@@ -162,7 +162,7 @@ def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, i
 def run_waves(fetch: Callable[[], tuple[Values, dict[Hashable, set]]],
               launch: Callable[[list, list], None], design: Design,
               record: Callable[[Wave], None] = lambda w: None, first_index: int = 1,
-              max_waves: int = 1000, meter: Callable[[dict], budgets.Ledger] | None = None,
+              max_waves: int = 1000, meter: Callable[[dict], costs.Ledger] | None = None,
               stopped: dict[Hashable, budgets.Projection] | None = None) -> list[Wave]:
     """Decide, launch the next wave, repeat until done (see the module docstring). ``stopped``: the
     comparisons a resumed driver finds ended at budget at an earlier look."""

@@ -31,7 +31,7 @@ from lime_arch import ConfigError
 from orchestrator.core import record
 from orchestrator.core.tracking import client
 from orchestrator.decide import budget as budgets
-from orchestrator.decide import reach
+from orchestrator.decide import costs, reach
 from orchestrator.decide.runs import seed_values, seed_walls
 from orchestrator.decide.verdict import AT_BUDGET, margin_for, parse_margins
 from orchestrator.decide.waves import Design, Wave, differences, run_waves
@@ -110,7 +110,7 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
     design = Design(baseline=baseline, variants=tuple(v for v in values if v != baseline), mode=spec.report.mode,
                     alpha=spec.report.alpha, margin=_margin_abs(cl, parent, params, spec, finished.get(baseline, {})),
                     max_seeds=spec.decide.max_seeds, wave=spec.decide.wave,
-                    budget=budgets.Budget.of(spec.decide.budget))
+                    budget=costs.Budget.of(spec.decide.budget))
     meter = _meter(spec, cl, exp_id, parent, axis, seed_axis, values) if design.budget is not None else None
 
     def keep(wave: Wave) -> None:
@@ -146,9 +146,9 @@ def _meter(spec: SweepSpec, cl, exp_id: str, parent: str, axis: str, seed_axis: 
     first = spec.grid[seed_axis][0]
     flops = {v: float(estimate(spec.config_of({axis: v, seed_axis: first}))["train_flops"]) for v in values}
 
-    def meter(launched: dict) -> budgets.Ledger:
+    def meter(launched: dict) -> costs.Ledger:
         walls = seed_walls(cl, exp_id, parent, axis, seed_axis, values)
-        return budgets.measure(launched, walls, res.cpu * res.workers, res.gpu * res.workers, flops)
+        return costs.measure(launched, walls, res.cpu * res.workers, res.gpu * res.workers, flops)
     return meter
 
 

@@ -22,7 +22,7 @@ from orchestrator.core.outbox import BUFFER_ENV, RETRY_ENV, WAIT_ENV
 from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import git_sha
-from orchestrator.decide.budget import Budget
+from orchestrator.decide.costs import Budget
 from orchestrator.sweep.files import resolved_yaml
 from orchestrator.sweep.limits import PARAMS_ENV
 from orchestrator.sweep.schema import SweepSpec

@@ -25,7 +25,8 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.fmt import cell_text, num, table
-from orchestrator.decide.budget import Budget, Cost, Projection
+from orchestrator.decide.budget import Projection
+from orchestrator.decide.costs import Budget, Cost
 from orchestrator.decide.verdict import AT_BUDGET
 from orchestrator.report.compare.results import PairedAnalysis
 from orchestrator.report.planner import fixed_design, needs

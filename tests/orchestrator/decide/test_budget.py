@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from orchestrator.decide import budget, reach, signs
-from orchestrator.decide.budget import Budget, Cost, Ledger
+from orchestrator.decide import budget, costs, reach, signs
+from orchestrator.decide.costs import Budget, Cost, Ledger
 from orchestrator.decide.verdict import AT_BUDGET, BETTER, WORSE
 from orchestrator.decide.waves import Design, decide_wave, run_waves
 
@@ -75,17 +75,17 @@ def test_budget_text_parse_and_what_is_left():
 def test_the_ledger_by_hand():
     launched = {"none": {0, 1, 2}, "a": {0, 1, 2}, "b": {0, 1}}
     walls = {"none": {0: 3600.0, 1: 7200.0}, "a": {0: 1800.0, 1: 1800.0, 2: 1800.0}, "b": {}}
-    led = budget.measure(launched, walls, cores=2.0, gpus=0.0, flops={"none": 1e15, "a": 1e15, "b": 2e15})
+    led = costs.measure(launched, walls, cores=2.0, gpus=0.0, flops={"none": 1e15, "a": 1e15, "b": 2e15})
     # none: 1.5 h a trial (mean of 1 and 2), a: 0.5 h; b has no time: the others' 4.5 h over 5e15 FLOPs,
     # times b's 2e15 = 1.8 h; spent: none 1 + 2 + 1.5 (seed 2 not timed), a 1.5, b 2 x 1.8 = 9.6 h x 2 cores
     assert led.per_trial["none"] == Cost(1.0, 3.0, 0.0) and led.per_trial["a"] == Cost(1.0, 1.0, 0.0)
     assert led.per_trial["b"].core_hours == pytest.approx(3.6)
     assert led.spent.trials == 8 and led.spent.core_hours == pytest.approx(19.2) and led.spent.gpu_hours == 0
-    plain = budget.measure(launched, walls, cores=1.0, gpus=1.0)  # no FLOPs: the mean measured trial, 0.9 h
+    plain = costs.measure(launched, walls, cores=1.0, gpus=1.0)  # no FLOPs: the mean measured trial, 0.9 h
     assert plain.per_trial["b"] == Cost(1.0, pytest.approx(0.9), pytest.approx(0.9))
-    blind = budget.measure(launched, {}, cores=1.0, gpus=0.0)
+    blind = costs.measure(launched, {}, cores=1.0, gpus=0.0)
     assert blind.spent.trials == 8 and math.isnan(blind.spent.core_hours) and "no trial" in blind.basis
-    assert budget.count(launched).spent.trials == 8
+    assert costs.count(launched).spent.trials == 8
 
 
 def test_the_screen_by_hand():
@@ -166,7 +166,8 @@ def test_a_budgeted_run_ends_the_comparison_out_of_reach_and_decides_the_rest():
     assert max(d.launched for d in ended) < 60
     for d in ended:
         p = d.projection
-        assert p is not None and p.n == len(d.seeds) and (p.spent_out or p.seeds is None or p.cost.trials > p.left.trials)
+        assert p is not None and p.n == len(d.seeds)
+        assert p.spent_out or p.seeds is None or p.cost.trials > p.left.trials
 
 
 def _false(waves, effects) -> bool:

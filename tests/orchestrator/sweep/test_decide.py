@@ -181,7 +181,8 @@ def test_a_budget_ends_the_comparison_out_of_reach_and_decides_the_rest(env, mon
     assert stand_in.calls[1] == ["router=none,seed=6", "router=none,seed=7", "router=first-4,seed=6",
                                  "router=first-4,seed=7"]
     said = capsys.readouterr().out
-    assert "look 1: budget 30 trials, 3 core-hours: spent 18 trials, 1.8 core-hours; the next wave costs 4 trials" in said
+    assert ("look 1: budget 30 trials, 3 core-hours: spent 18 trials, 1.8 core-hours; the next wave costs 4 trials"
+            in said)
     assert "look 1: full: inconclusive at budget: at look 1 (6 seeds, median -0.003, sd " in said
     params = tracking.client().get_run(read_state(experiment_dir("dec"))["parent_run_id"]).data.params
     assert params["sweep.decide.budget"] == "trials=30,core_hours=3.0"
