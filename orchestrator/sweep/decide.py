@@ -134,14 +134,14 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
         summary = sweep(add_seeds=len(seeds), only=variants)
 
     waves = run_waves(fetch, launch, design, keep, first_index=1 + len(state.get("extensions") or []), meter=meter,
-                      stopped=_stopped(params, values))
+                      stopped=_stopped(params, values) if design.budget is not None else None)
     return {**summary, "waves": waves}
 
 
 def _meter(spec: SweepSpec, cl, exp_id: str, parent: str, axis: str, seed_axis: str, values: list):
-    """``launched -> budget.Ledger``: the measured wall times of the sweep's trials, the cores and GPUs
+    """``launched -> costs.Ledger``: the measured wall times of the sweep's trials, the cores and GPUs
     each holds, and each compared value's planned training FLOPs (the dry run's estimate: the hours
-    of a value none of whose trials has a measured time yet, ``budget.measure``)."""
+    of a value none of whose trials has a measured time yet, ``costs.measure``)."""
     res = spec.resources
     first = spec.grid[seed_axis][0]
     flops = {v: float(estimate(spec.config_of({axis: v, seed_axis: first}))["train_flops"]) for v in values}
