@@ -101,17 +101,24 @@ def test_the_screen_by_hand():
     p = ended["b"]
     assert p.seeds is None and p.median == 0.0 and p.n == 6 and p.left.trials == 22
     assert "more than 100000 seeds per arm: more than any budget (22 trials left)" in p.text(("trials",))
-    # 3 trials left: a wave of 2 seeds for a and the baseline (4 trials) does not fit, one seed (2) does
-    keep, ended, size = budget.screen([("a", clear, 6)], "none", 6, 2, Budget(trials=21), led, level, None, 1)
-    assert keep == ["a"] and size == 1 and not ended
-    # 1 left: not even one seed per arm: the budget is spent
-    keep, ended, size = budget.screen([("a", clear, 6)], "none", 6, 2, Budget(trials=19), led, level, None, 1)
-    assert keep == [] and ended["a"].spent_out and "the budget is spent" in ended["a"].text(("trials",))
-    # a margin makes the flat one decidable ("equivalent"): 0.8 against its sd 1.1 needs about 60 seeds,
-    # 2 x 54 more trials, above 22 left: ended with that number
+    # 3 trials left: its 4 do not fit: ended by its own projection, not for want of a wave
+    keep, ended, _ = budget.screen([("a", clear, 6)], "none", 6, 2, Budget(trials=21), led, level, None, 1)
+    assert keep == [] and ended["a"].seeds == 8 and ended["a"].cost.trials == 4 and not ended["a"].spent_out
+    # two such arms with 5 left: each fits (4), a wave of 2 seeds for both and the baseline (6) does not, one (3) does
+    two = [("a", clear, 6), ("c", clear, 6)]
+    keep, ended, size = budget.screen(two, "none", 6, 2, Budget(trials=23), led, level, None, 1)
+    assert keep == ["a", "c"] and size == 1 and not ended
+    # four with 4 left: each fits, but one seed for the four and the baseline (5) does not: the budget is spent
+    four = [(v, clear, 6) for v in "aceg"]
+    keep, ended, size = budget.screen(four, "none", 6, 2, Budget(trials=22), led, level, None, 1)
+    assert keep == [] and all(p.spent_out for p in ended.values()) and list(ended) == list("aceg")
+    said = ended["a"].text(("trials",))
+    assert "the budget is spent: one more seed for it and the baseline costs 2 trials, 4 trials left" in said
+    # a margin makes the flat one decidable ("equivalent"): 0.8 against its sd 1.0 needs 33 seeds,
+    # 2 x 27 more trials, above 22 left: ended with that number
     keep, ended, _ = budget.screen([("b", flat, 6)], "none", 6, 2, Budget(trials=40), led, level, 0.8, 1)
     need = reach.seeds_needed(float(flat.std(ddof=1)), level, 0.8, 0.0)
-    assert need is not None and 30 < need < 200 and ended["b"].seeds == need
+    assert need is not None and 30 < need < 40 and ended["b"].seeds == need
     assert ended["b"].cost.trials == 2 * (need - 6)
 
 
@@ -159,9 +166,9 @@ def test_a_budgeted_run_ends_the_comparison_out_of_reach_and_decides_the_rest():
     assert all(w.done for w in last) and max(s.trials() for _, s in runs) <= 120
     a = [w.decisions[0] for w in last]
     b = [w.decisions[1] for w in last]
-    assert np.mean([d.verdict.word == BETTER for d in a]) > 0.95  # measured: 
+    assert np.mean([d.verdict.word == BETTER for d in a]) > 0.93  # measured: 0.97
     ended = [d for d in b if d.verdict.word == AT_BUDGET]
-    assert len(ended) / len(b) > 0.9  # measured: 
+    assert len(ended) / len(b) > 0.95  # measured: 0.995, 148 of 200 at the first look
     # its seeds stopped far below the cap of 200, each with the projection that ended it stated
     assert max(d.launched for d in ended) < 60
     for d in ended:
@@ -181,15 +188,15 @@ SKEWED = {"noise": lambda r: r.exponential() - math.log(2), "base_noise": lambda
 
 @pytest.mark.parametrize("kind", ["normal", "skewed"])
 def test_under_the_null_budget_stopping_keeps_the_error_below_alpha_and_only_removes_verdicts(kind):
-    sims, paired = 2500, 800
+    sims, paired = 2000, 600
     kw = SKEWED if kind == "skewed" else {}
     offset = 100_000 * (kind == "skewed")
     errors, ended, unshrunk, kept, diffs = 0, 0, 0, 0, []
     for i in range(sims):
-        waves, sweep = _run(NULL, offset + i, Budget(trials=150), **kw)
+        waves, sweep = _run(NULL, offset + i, Budget(trials=400), **kw)
         errors += _false(waves, NULL)
         ended += sum(d.verdict.word == AT_BUDGET for d in waves[-1].decisions)
-        assert sweep.trials() <= 150
+        assert sweep.trials() <= 400
         if i < 300:
             diffs += [sweep.values["a"][s] - sweep.values["none"][s] for s in range(6)]
         # the same data without a budget: where no wave was shrunk the looks are the same, so each verdict of
@@ -205,9 +212,9 @@ def test_under_the_null_budget_stopping_keeps_the_error_below_alpha_and_only_rem
     if kind == "skewed":
         assert sps.skew(diffs) > 1.5  # measured: about 2 (an exponential's skewness is 2)
     rate = errors / sims
-    assert rate <= 0.05, rate  # measured:
-    assert 0.2 < ended / (2 * sims) < 0.99  # the budget did stop comparisons (measured: )
-    assert unshrunk > paired / 2 and kept > 0  # measured:
+    assert rate <= 0.05, rate  # measured: 1.9% normal, 1.6% skewed (without the budget, first 600: 2.5% and 2.0%)
+    assert 0.5 < ended / (2 * sims) < 0.99  # the budget did stop comparisons (measured: 95% and 97%)
+    assert unshrunk > paired / 2 and kept > 0  # measured: 600 of 600 (400 trials never shrink a wave), 12 and 11
 
 
 def test_a_resumed_driver_keeps_a_comparison_ended_at_budget():
