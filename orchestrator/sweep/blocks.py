@@ -140,12 +140,9 @@ class BudgetSpec:
     """``decide.budget``: what the waves may cost at most, in one or more units, each a limit
     (``orchestrator.decide.budget``: a comparison the budget cannot pay for ends "inconclusive at budget")."""
 
-    trials: Annotated[Int, Field(ge=1, description="an integer >= 1 (trials launched in all, the first wave "
-                                                   "included)")] | None = None
-    core_hours: Annotated[Float, Field(gt=0, allow_inf_nan=False, description="a number > 0 (trial wall hours x "
-                                                                              "cores per trial, summed)")] | None = None
-    gpu_hours: Annotated[Float, Field(gt=0, allow_inf_nan=False, description="a number > 0 (trial wall hours x "
-                                                                             "GPUs per trial, summed)")] | None = None
+    trials: Annotated[Int, Field(ge=1)] | None = None  # trials launched in all, the first wave included
+    core_hours: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = None  # trial wall hours x cores, summed
+    gpu_hours: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = None  # trial wall hours x GPUs, summed
 
     @model_validator(mode="after")
     def _one_unit(self) -> BudgetSpec:

@@ -217,10 +217,9 @@ def test_the_budget_is_checked_with_the_file(env):
         ({}, "decide.budget: empty; give one or more of trials, core_hours, gpu_hours, such as {trials: 60} or "
              "{core_hours: 2}"),
         ({"trial": 40}, "decide.budget.trial: unknown key; allowed: core_hours, gpu_hours, trials"),
-        ({"core_hours": -1}, "decide.budget.core_hours: must be a number > 0 (trial wall hours x cores per trial, "
-                             "summed), got -1"),
-        ({"trials": 40.5}, "decide.budget.trials: must be an integer >= 1 (trials launched in all, the first wave "
-                           "included), got 40.5"),
+        ({"core_hours": -1}, "decide.budget.core_hours: must be > 0, got -1"),
+        ({"core_hours": math.inf}, "decide.budget.core_hours: input should be a finite number, got inf"),
+        ({"trials": 40.5}, "decide.budget.trials: must be an integer >= 1 or null, got 40.5"),
         (60, "decide.budget: must be a mapping like {trials: 60} or {core_hours: 2}, got 60"),
         ({"gpu_hours": 1}, "decide.budget.gpu_hours: the trials hold no GPU (resources.gpu is 0): a GPU-hours budget "
                            "would never be spent; give trials or core_hours"),
