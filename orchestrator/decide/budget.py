@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Hashable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -37,7 +37,8 @@ from orchestrator.decide.costs import Budget, Cost, Ledger, from_json, to_json, 
 
 @dataclass(frozen=True)
 class Projection:
-    """Why a comparison ended inconclusive at budget: what it needed and what was left."""
+    """What an undecided comparison needs at a look and what that costs against what was left (why it
+    ended inconclusive at budget, or that it fits)."""
 
     look: int
     n: int  # the seeds its sequence rests on
@@ -47,6 +48,7 @@ class Projection:
     cost: Cost  # what reaching them would cost beyond what was launched
     left: Cost  # what the budget had left
     spent_out: bool = False  # ended because the budget was spent, not by its own projection
+    fits: bool = False  # the projected cost fits what is left (the comparison continues)
 
     def text(self, units: tuple[str, ...], limits: tuple[str, ...] | None = None) -> str:
         """In words; the costs in ``units``, what was left in ``limits`` (the budget's units; default ``units``)."""
@@ -59,7 +61,7 @@ class Projection:
                     f"{self.cost.text(units)}, {left} left")
         if self.seeds is None:
             return f"{head}: more than any budget ({left} left)"
-        return f"{head}: {self.cost.text(units)} more, above the {left} left"
+        return f"{head}: {self.cost.text(units)} more, {'within' if self.fits else 'above'} the {left} left"
 
     def record(self) -> dict:
         return {"look": self.look, "n": self.n, "median": to_json(self.median), "sd": to_json(self.sd),
@@ -74,12 +76,13 @@ class Projection:
 
 def screen(arms: list[tuple[Hashable, np.ndarray, int]], baseline: Hashable, base_launched: int, size: int,
            budget: Budget, ledger: Ledger, level: float, margin: float | None,
-           look: int) -> tuple[list, dict[Hashable, Projection], int]:
+           look: int) -> tuple[list, dict[Hashable, Projection], int, dict[Hashable, Projection]]:
     """(the variants that continue, {variant: Projection} of those that end inconclusive at budget,
-    the next wave's seeds per arm) for the undecided ``arms`` (variant, its differences, its launched
-    seeds) before a wave of ``size`` seeds per arm. See the module docstring."""
+    the next wave's seeds per arm, {variant: Projection} of every arm with a spread, the continuing
+    ones' too) for the undecided ``arms`` (variant, its differences, its launched seeds) before a
+    wave of ``size`` seeds per arm. See the module docstring."""
     left = budget.left(ledger.spent)
-    keep, ended = [], {}
+    keep, ended, projected = [], {}, {}
     pb = ledger.trial(baseline)
     for v, d, nv in arms:
         d = np.asarray(d, np.float64)
@@ -93,20 +96,18 @@ def screen(arms: list[tuple[Hashable, np.ndarray, int]], baseline: Hashable, bas
         else:
             target = max(need, nv + size)  # undecided now: at least one more wave
             cost = ledger.trial(v).times(target - nv) + pb.times(max(0, target - base_launched))
-        if budget.over(cost, ledger.spent):
-            ended[v] = Projection(look, len(d), med, sd, need, cost, left)
-        else:
+        fits = not budget.over(cost, ledger.spent)
+        projected[v] = Projection(look, len(d), med, sd, need, cost, left, fits=fits)
+        if fits:
             keep.append(v)
+        else:
+            ended[v] = projected[v]
     while keep and size >= 1 and budget.over(wave_cost([baseline, *keep], ledger, size), ledger.spent):
         size -= 1  # a smaller wave that fits
     if keep and size < 1:  # not even one seed per arm: the budget is spent
-        for v, d, _ in arms:
-            if v in keep:
-                d = np.asarray(d, np.float64)
-                sd, med = (float(d.std(ddof=1)), float(np.median(d))) if len(d) >= 2 else (math.nan, math.nan)
-                need = reach.seeds_needed(sd, level, margin, med) if len(d) >= 2 else None
-                ended[v] = Projection(look, len(d), med, sd, need, ledger.trial(v) + pb, left, spent_out=True)
+        n = {v: len(d) for v, d, _ in arms}
+        for v in keep:
+            p = projected.get(v) or Projection(look, n[v], math.nan, math.nan, None, Cost(), left)
+            ended[v] = replace(p, cost=ledger.trial(v) + pb, spent_out=True, fits=False)
         keep = []
-    return keep, ended, size
-
-
+    return keep, ended, size, projected

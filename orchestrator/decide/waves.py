@@ -89,6 +89,7 @@ class Wave:
     spent: costs.Cost | None = None  # with a budget: what the sweep had spent at this look
     next_cost: costs.Cost | None = None  # with a budget: what the next wave costs
     ended: dict = field(default_factory=dict)  # variant -> Projection: ended at budget at this look
+    projected: dict = field(default_factory=dict)  # variant -> Projection of every undecided one priced here
 
     def record(self) -> dict[str, Any]:
         """The wave as plain data (what the parent run keeps, JSON)."""
@@ -98,6 +99,9 @@ class Wave:
         if self.spent is not None:
             out["spent"] = self.spent.record()
             out["ended"] = {str(v): p.record() for v, p in self.ended.items()}
+            out["projected"] = {str(v): p.seeds for v, p in self.projected.items()}  # seeds per arm needed
+            if self.next_cost is not None:
+                out["next_cost"] = self.next_cost.record()
         return out
 
 
@@ -135,8 +139,9 @@ def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, i
         wave.spent = ledger.spent
         if open_:
             arms = [(d.variant, differences(values, d.variant, design.baseline)[1], d.launched) for d in open_]
-            keep, wave.ended, size = budgets.screen(arms, design.baseline, len(launched.get(design.baseline, ())),
-                                                    size, design.budget, ledger, level, design.margin, index)
+            nb = len(launched.get(design.baseline, ()))
+            keep, wave.ended, size, wave.projected = budgets.screen(arms, design.baseline, nb, size, design.budget,
+                                                                    ledger, level, design.margin, index)
             wave.decisions = decisions = [replace(d, verdict=Verdict(AT_BUDGET), projection=wave.ended[d.variant])
                                           if d.variant in wave.ended else d for d in decisions]
             open_ = [d for d in open_ if d.variant in keep]

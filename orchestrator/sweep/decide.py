@@ -173,4 +173,6 @@ def _budget_lines(design: Design, wave: Wave) -> list[str]:
     head = f"budget {design.budget.text()}: spent {wave.spent.text(units)}"
     if wave.next_cost is not None:
         head += f"; the next wave costs {wave.next_cost.text(units)}"
-    return [head] + [f"{v}: {AT_BUDGET}: {p.text(units, design.budget.units)}" for v, p in wave.ended.items()]
+    return ([head] + [f"{v}: {p.text(units, design.budget.units)}" for v, p in wave.projected.items()
+                      if v not in wave.ended] + [f"{v}: {AT_BUDGET}: {p.text(units, design.budget.units)}"
+                                                 for v, p in wave.ended.items()])

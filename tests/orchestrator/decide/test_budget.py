@@ -93,30 +93,32 @@ def test_the_screen_by_hand():
     clear = np.array([-1.0, -1.1, -0.9, -1.05, -0.95, -1.0])  # median -1, sd 0.07: decided at 8 seeds
     flat = np.array([-1.5, -0.5, -0.2, 0.2, 0.5, 1.5])  # median exactly 0: no number of seeds decides it
     led = Ledger(Cost(18.0), {v: Cost(1.0) for v in ("none", "a", "b")})
-    keep, ended, size = budget.screen([("a", clear, 6), ("b", flat, 6)], "none", 6, 2, Budget(trials=40), led,
-                                      level, None, 1)
+    keep, ended, size, seen = budget.screen([("a", clear, 6), ("b", flat, 6)], "none", 6, 2, Budget(trials=40), led,
+                                            level, None, 1)
     # a: 8 seeds (the fewest with a finite sequence at 97.5%) = 2 more for a and 2 for the baseline: 4 <= 22
     assert reach.seeds_needed(float(clear.std(ddof=1)), level, None, -1.0) == 8
-    assert keep == ["a"] and size == 2 and list(ended) == ["b"]
+    assert keep == ["a"] and size == 2 and list(ended) == ["b"] and seen["b"] is ended["b"]
+    assert seen["a"].fits and seen["a"].seeds == 8 and seen["a"].cost.trials == 4
+    assert seen["a"].text(("trials",)).endswith("about 8 seeds per arm: 4 trials more, within the 22 trials left")
     p = ended["b"]
     assert p.seeds is None and p.median == 0.0 and p.n == 6 and p.left.trials == 22
     assert "more than 100000 seeds per arm: more than any budget (22 trials left)" in p.text(("trials",))
     # 3 trials left: its 4 do not fit: ended by its own projection, not for want of a wave
-    keep, ended, _ = budget.screen([("a", clear, 6)], "none", 6, 2, Budget(trials=21), led, level, None, 1)
+    keep, ended, _, _ = budget.screen([("a", clear, 6)], "none", 6, 2, Budget(trials=21), led, level, None, 1)
     assert keep == [] and ended["a"].seeds == 8 and ended["a"].cost.trials == 4 and not ended["a"].spent_out
     # two such arms with 5 left: each fits (4), a wave of 2 seeds for both and the baseline (6) does not, one (3) does
     two = [("a", clear, 6), ("c", clear, 6)]
-    keep, ended, size = budget.screen(two, "none", 6, 2, Budget(trials=23), led, level, None, 1)
+    keep, ended, size, _ = budget.screen(two, "none", 6, 2, Budget(trials=23), led, level, None, 1)
     assert keep == ["a", "c"] and size == 1 and not ended
     # four with 4 left: each fits, but one seed for the four and the baseline (5) does not: the budget is spent
     four = [(v, clear, 6) for v in "aceg"]
-    keep, ended, size = budget.screen(four, "none", 6, 2, Budget(trials=22), led, level, None, 1)
+    keep, ended, size, _ = budget.screen(four, "none", 6, 2, Budget(trials=22), led, level, None, 1)
     assert keep == [] and all(p.spent_out for p in ended.values()) and list(ended) == list("aceg")
     said = ended["a"].text(("trials",))
     assert "the budget is spent: one more seed for it and the baseline costs 2 trials, 4 trials left" in said
     # a margin makes the flat one decidable ("equivalent"): 0.8 against its sd 1.0 needs 33 seeds,
     # 2 x 27 more trials, above 22 left: ended with that number
-    keep, ended, _ = budget.screen([("b", flat, 6)], "none", 6, 2, Budget(trials=40), led, level, 0.8, 1)
+    keep, ended, _, _ = budget.screen([("b", flat, 6)], "none", 6, 2, Budget(trials=40), led, level, 0.8, 1)
     need = reach.seeds_needed(float(flat.std(ddof=1)), level, 0.8, 0.0)
     assert need is not None and 30 < need < 40 and ended["b"].seeds == need
     assert ended["b"].cost.trials == 2 * (need - 6)

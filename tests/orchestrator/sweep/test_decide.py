@@ -184,6 +184,8 @@ def test_a_budget_ends_the_comparison_out_of_reach_and_decides_the_rest(env, mon
     assert ("look 1: budget 30 trials, 3 core-hours: spent 18 trials, 1.8 core-hours; the next wave costs 4 trials"
             in said)
     assert "look 1: full: inconclusive at budget: at look 1 (6 seeds, median -0.003, sd " in said
+    assert ("look 1: first-4: at look 1 (6 seeds, median -0.1, sd 0.00228) a decision needs about 8 seeds per arm: 4 "
+            "trials, 0.4 core-hours more, within the 12 trials, 1.2 core-hours left") in said
     params = tracking.client().get_run(read_state(experiment_dir("dec"))["parent_run_id"]).data.params
     assert params["sweep.decide.budget"] == "trials=30,core_hours=3.0"
     looks = record.decide_waves(params)
