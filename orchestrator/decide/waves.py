@@ -20,7 +20,7 @@ removes verdicts and never adds one, so the error control above is unchanged.
 ``run_waves`` is the loop: ``fetch()`` gives what finished (and what was launched), ``launch``
 runs the next wave (Ray Tune in a sweep), ``record`` keeps each wave's decisions (on the parent
 run, so a killed driver resumes the sequence where it was: the loop starts from whatever finished),
-``meter(launched)`` what was spent and what a trial costs (``budget.Ledger``; without it, trials only).
+``meter(launched)`` what was spent and what a trial costs (``costs.Ledger``; without it, trials only).
 """
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def decide_wave(values: Values, launched: dict[Hashable, set], design: Design, i
     """The decisions after a wave and the next wave (see the module docstring). ``frozen``: the
     comparisons decided (or ended at budget) at an earlier look (they keep their decision);
     ``stopped``: those a resumed driver read as ended at budget; ``ledger``: the budget's spending
-    (default: the launched trials, ``budget.count``)."""
+    (default: the launched trials, ``costs.count``)."""
     level = design.family.level
     decisions = []
     for v in design.variants:
