@@ -147,6 +147,11 @@ def cases(folder: Path) -> list[Case]:
     out.append(Case("max-seeds-above-limit", ("sweep", "run", str(waves), "--until-decided", "--max-seeds", "100000"),
                     "--max-seeds: must be an integer in [2, 1000]"))
     out.append(Case("empty-margin", ("sweep", "run", str(waves), "--until-decided", "--margin", ""), "--margin: empty"))
+    out.append(Case("bad-budget", ("sweep", "run", str(waves), "--until-decided", "--budget", "hours=2"),
+                    "--budget: must be KEY=VALUE"))
+    empty_budget = folder / "empty-budget.yaml"
+    _write(empty_budget, _sweep("empty-budget", {"decide.budget": {}}))
+    out.append(Case("empty-budget", ("sweep", "run", str(empty_budget), "--dry-run"), "decide.budget: empty"))
     out.append(Case("plan-unknown-router", ("plan", str(folder / "unknown-router.yaml")), "unknown router"))
     out.append(Case("report-missing-file", ("report", str(folder / "nowhere.yaml")), "does not exist"))
     rounds = ("report", "some-sweep", "--throughput", "--throughput-rounds")

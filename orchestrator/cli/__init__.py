@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "file's decide.max_seeds, else 32)")
     sr.add_argument("--margin", metavar="M", help="with --until-decided: the equivalence margin, absolute (0.01) or "
                     "a percentage of the baseline's mean (1%%); default: the file's decide.margin or report.margin")
+    sr.add_argument("--budget", metavar="B", help="with --until-decided: what the waves may cost at most, trials=60, "
+                    "core_hours=2 or gpu_hours=1 (several joined by ','); a comparison the budget cannot pay for ends "
+                    "\"inconclusive at budget\"; default: the file's decide.budget, else none")
     sr.add_argument("--connect-timeout", type=float, metavar="SECONDS",
                     help="give up connecting to --address after this long (default: $LIME_CONNECT_TIMEOUT, else 30)")
     sr.set_defaults(func=_lazy("orchestrator.cli.sweep:cmd_run"))

@@ -20,7 +20,8 @@ from orchestrator.sweep.spec import load_spec
 def cmd_run(args) -> int:
     add = _add_seeds(getattr(args, "add_seeds", None))
     spec = load_spec(args.file)  # every check; ConfigError -> one line, exit 2, nothing started
-    options = (getattr(args, "until_decided", False), getattr(args, "max_seeds", None), getattr(args, "margin", None))
+    options = (getattr(args, "until_decided", False), getattr(args, "max_seeds", None), getattr(args, "margin", None),
+               getattr(args, "budget", None))
     spec = with_options(spec, *options)  # the wave options, checked with the file: still torch-free
     if spec.decide is not None and add:
         raise ConfigError("--add-seeds: a sweep run until decided adds its own seeds (waves); drop --add-seeds")

@@ -56,7 +56,7 @@ SEED_EXTENSION = "sweep.seeds."  # + extension name ("extend-1"): the seeds it a
 REPORT_KEYS = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper", "margin",
                "final_evals")  # what a file may state
 REPORT_OPTIONAL = ("alpha", "mode", "paper", "tune", "margin", "final_evals")  # absent on parents of older sweeps
-DECIDE = "sweep.decide."  # the sequential design (``decide:`` / ``--until-decided``): max_seeds, wave
+DECIDE = "sweep.decide."  # the sequential design (``decide:`` / ``--until-decided``): max_seeds, wave, budget
 DECIDE_MARGIN = DECIDE + "margin_abs"  # the absolute margin the waves use (a % margin fixed at the first wave)
 DECIDE_WAVE = DECIDE + "wave-"  # + k: the decisions after the k-th look (JSON, ``decide.waves.Wave.record``)
 
@@ -148,15 +148,18 @@ class DecideRecord:
 
     max_seeds: int
     wave: int
+    budget: str | None = None  # ``orchestrator.decide.budget.Budget.to_text``; absent: no budget
 
     def to_params(self) -> dict[str, str]:
-        return {DECIDE + "max_seeds": str(self.max_seeds), DECIDE + "wave": str(self.wave)}
+        out = {DECIDE + "max_seeds": str(self.max_seeds), DECIDE + "wave": str(self.wave)}
+        return out | ({DECIDE + "budget": self.budget} if self.budget else {})
 
     @classmethod
     def from_params(cls, params: dict[str, str]) -> DecideRecord | None:
         if DECIDE + "max_seeds" not in params:
             return None
-        return cls(max_seeds=int(params[DECIDE + "max_seeds"]), wave=int(params[DECIDE + "wave"]))
+        return cls(max_seeds=int(params[DECIDE + "max_seeds"]), wave=int(params[DECIDE + "wave"]),
+                   budget=params.get(DECIDE + "budget") or None)
 
 
 def decide_waves(params: dict[str, str]) -> dict[int, str]:

@@ -18,6 +18,11 @@ numbers:
                verdict contradicts its interval
   families     which comparisons share an error rate, and the Bonferroni level of each interval
   waves        one wave of the sequential design: decided comparisons, and which variants get seeds
+  costs        what a sweep spends: trials, core- and GPU-hours, measured per trial (scipy-free)
+  reach        the seeds a comparison needs at the spread it shows (the margin's reach, the budget's
+               projections)
+  budget       the cost budget of the waves: each undecided comparison priced before a wave, and
+               "inconclusive at budget" for one the budget cannot pay for
   runs         the finished per-seed values of a running sweep, from its MLflow child runs
 
 Why each choice is made, and the simulations behind it, is in docs/STATISTICS.md and in the

@@ -61,10 +61,18 @@ def log_mixture(s: np.ndarray | int, n: int, c: float = PRIOR_C) -> np.ndarray:
 def sequence_depth(n: int, level: float, c: float = PRIOR_C) -> int:
     """k of the sequence's [d_(k), d_(n+1-k)] at n; 0 when it is the whole line."""
     threshold = math.log(1.0 / (1.0 - level))
-    k = 0
-    while k < (n + 1) // 2 and float(log_mixture(k, n, c)) >= threshold * (1 - 1e-12):
-        k += 1  # S = k positives (or k negatives) still rejects: mu must lie further in
-    return k
+    # S = k positives (or k negatives) rejects while log M_n(k) >= log(1/a): the first k that does not.
+    # log M_n falls as k rises toward n / 2 (log B(c + k, c + n - k) is convex and symmetric about
+    # n / 2), so the rejecting k are a prefix and bisection finds its end: O(log n) evaluations, not
+    # O(n) (the budget's projections, ``reach``, ask for depths at tens of thousands of seeds)
+    lo, hi = 0, (n + 1) // 2
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if float(log_mixture(mid, n, c)) >= threshold * (1 - 1e-12):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
 
 
 def _order_interval(d: np.ndarray, k: int) -> tuple[float, float]:

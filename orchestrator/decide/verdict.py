@@ -34,6 +34,10 @@ if TYPE_CHECKING:  # only annotated here: the margin parsing a sweep file's chec
 BETTER, WORSE, EQUIVALENT, UNDECIDED, UNDECIDABLE, UNTESTED, BASELINE = (
     "better", "worse", "equivalent within margin", "not decided", "cannot decide", "not tested", "baseline")
 DECIDED = (BETTER, WORSE, EQUIVALENT)
+# the outcome of a sequential comparison stopped by the cost budget (``decide.budget``): not a verdict
+# read off an interval (its interval says "not decided"), but why it got no more seeds
+AT_BUDGET = "inconclusive at budget"
+BUDGET_UNITS = {"trials": "trials", "core_hours": "core-hours", "gpu_hours": "GPU-hours"}  # key -> words
 MAX_WORDS = ("acc", "exact", "score")
 
 

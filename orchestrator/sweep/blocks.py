@@ -6,16 +6,17 @@
 from __future__ import annotations
 
 import copy
+import math
 import re
 from dataclasses import field
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from lime_arch.errors import ConfigError
 from orchestrator.core.validation import CONFIG, Bool, FieldError, Float, Int, Str
-from orchestrator.decide.verdict import margin_for, margins_text, parse_margins
+from orchestrator.decide.verdict import BUDGET_UNITS, margin_for, margins_text, parse_margins
 from orchestrator.sweep.checks import SearchParam, check_decide, parse_space
 
 MAX_SEEDS = 1000  # decide.max_seeds and --max-seeds: seeds per arm at most
@@ -135,6 +136,27 @@ class ReportSpec:
 
 
 @dataclass(kw_only=True, config=CONFIG)
+class BudgetSpec:
+    """``decide.budget``: what the waves may cost at most, in one or more units, each a limit
+    (``orchestrator.decide.budget``: a comparison the budget cannot pay for ends "inconclusive at budget")."""
+
+    trials: Annotated[Int, Field(ge=1)] | None = None  # trials launched in all, the first wave included
+    core_hours: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = None  # trial wall hours x cores, summed
+    gpu_hours: Annotated[Float, Field(gt=0, allow_inf_nan=False)] | None = None  # trial wall hours x GPUs, summed
+
+    @model_validator(mode="after")
+    def _one_unit(self) -> BudgetSpec:
+        if self.trials is None and self.core_hours is None and self.gpu_hours is None:
+            raise ValueError(f"empty; give one or more of {', '.join(BUDGET_UNITS)}, such as {{trials: 60}} or "
+                             "{core_hours: 2}")
+        return self
+
+    def words(self) -> str:
+        """``60 trials, 2 core-hours``."""
+        return ", ".join(f"{getattr(self, k):g} {w}" for k, w in BUDGET_UNITS.items() if getattr(self, k) is not None)
+
+
+@dataclass(kw_only=True, config=CONFIG)
 class DecideSpec:
     """``decide:``: seeds in waves until every comparison is decided (``lime sweep run --until-decided``;
     ``orchestrator.sweep.decide``). The file's ``grid.seed`` is the first wave."""
@@ -142,6 +164,7 @@ class DecideSpec:
     max_seeds: Annotated[Int, Field(ge=2, le=MAX_SEEDS, description="an integer >= 2 (seeds per arm at most)")] = 32
     wave: Annotated[Int, Field(ge=1, le=100, description="an integer >= 1 (seeds added per wave)")] = 2
     margin: Margin = None  # overrides report.margin for the sweep
+    budget: Annotated[BudgetSpec | None, Field(description="a mapping like {trials: 60} or {core_hours: 2}")] = None
 
 
 @dataclass(kw_only=True, config=CONFIG)
@@ -149,13 +172,15 @@ class AnalysisSpec:
     enabled: Bool = False
 
 
-def with_options(spec: Any, until_decided: bool, max_seeds: str | None, margin: str | None) -> Any:
-    """The sweep with ``--until-decided [--max-seeds N] [--margin M]`` applied (a ConfigError line for
-    a bad value, or for a sweep that cannot grow in waves). Torch-free: the flags are checked with the
+def with_options(spec: Any, until_decided: bool, max_seeds: str | None, margin: str | None,
+                 budget: str | None = None) -> Any:
+    """The sweep with ``--until-decided [--max-seeds N] [--margin M] [--budget B]`` applied (a ConfigError
+    line for a bad value, or for a sweep that cannot grow in waves). Torch-free: the flags are checked with the
     file, before Ray, MLflow or torch load."""
     if not until_decided and spec.decide is None:
-        if max_seeds is not None or margin is not None:
-            raise ConfigError("--max-seeds/--margin: only with --until-decided (or a decide: block in the file)")
+        if max_seeds is not None or margin is not None or budget is not None:
+            raise ConfigError("--max-seeds/--margin/--budget: only with --until-decided (or a decide: block in the "
+                              "file)")
         return spec
     dec = copy.copy(spec.decide) if spec.decide is not None else DecideSpec()
     if max_seeds is not None:
@@ -176,6 +201,8 @@ def with_options(spec: Any, until_decided: bool, max_seeds: str | None, margin: 
         if margin_for(parse_margins(dec.margin), metric, metric) is None:
             raise ConfigError(f"--margin: names a margin for {margin.partition('=')[0].strip()!r} only, but the waves "
                               f"compare {metric}; give its margin (0.01, 1% or {metric}=0.01)")
+    if budget is not None:
+        dec.budget = parse_budget(budget)
     new = copy.copy(spec)
     new.decide = dec
     try:
@@ -183,3 +210,28 @@ def with_options(spec: Any, until_decided: bool, max_seeds: str | None, margin: 
     except FieldError as e:
         raise ConfigError(f"{spec.path or spec.name}: {e.at or 'decide'}: {e}") from None
     return new
+
+
+def parse_budget(text: str) -> BudgetSpec:
+    """``--budget trials=60`` (or ``core_hours=2``, ``gpu_hours=1``; several joined by ','): the file's
+    ``decide.budget`` from the command line; a bad one is one ConfigError line naming the flag."""
+    kw: dict[str, str] = {}
+    for part in str(text).split(","):
+        key, eq, value = (s.strip() for s in part.partition("="))
+        key = key.replace("-", "_")
+        if not eq or key not in BUDGET_UNITS or key in kw or not value:
+            raise ConfigError(f"--budget: must be KEY=VALUE with KEY one of {', '.join(BUDGET_UNITS)} (such as "
+                              f"trials=60 or core_hours=2; several joined by ','), got {text!r}")
+        kw[key] = value
+    out: dict[str, float] = {}
+    for key, value in kw.items():
+        try:
+            x = float(int(value)) if key == "trials" else float(value)
+        except ValueError:
+            x = math.nan
+        if not (x >= 1 if key == "trials" else math.isfinite(x) and x > 0):
+            what = ("an integer >= 1 (trials launched in all)" if key == "trials" else
+                    f"a number > 0 ({BUDGET_UNITS[key]})")
+            raise ConfigError(f"--budget: {key} must be {what}, as decide.budget.{key}; got {value!r}")
+        out[key] = x
+    return BudgetSpec(**{k: int(v) if k == "trials" else v for k, v in out.items()})

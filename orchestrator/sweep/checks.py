@@ -329,6 +329,15 @@ def check_decide(spec: Any) -> None:
         if margin_for(named, metric, metric) is None:
             raise FieldError(f"names a margin for {', '.join(map(str, named))} only, but the waves compare {metric}; "
                              f"give its margin (0.01, 1% or {metric}: 0.01)", "decide.margin")
+    b = spec.decide.budget
+    first = math.prod(len(v) for v in spec.grid.values())  # the compared values x the seeds (checked above)
+    if b is not None and b.trials is not None and b.trials < first:  # the first wave always runs: the file's grid
+        values = first // len(spec.grid[seed])
+        raise FieldError(f"{b.trials} is below the first wave's {first} trials (the grid's {values} values x"
+                         f" {len(spec.grid[seed])} seeds in grid.{seed})", "decide.budget.trials")
+    if b is not None and b.gpu_hours is not None and not spec.resources.gpu > 0:
+        raise FieldError("the trials hold no GPU (resources.gpu is 0): a GPU-hours budget would never be spent; give "
+                         "trials or core_hours", "decide.budget.gpu_hours")
 
 
 def same(a: Any, b: Any) -> bool:

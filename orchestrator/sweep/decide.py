@@ -14,6 +14,12 @@ wave resumes first), and each look's decisions on the parent run (``sweep.decide
 settings ``sweep.decide.*`` and the absolute margin ``sweep.decide.margin_abs``; a % margin is fixed
 from the baseline's mean at the first look). The decisions are a function of the finished trials,
 so the resumed loop reaches the same ones and continues where it was.
+
+With ``decide.budget`` (or ``--budget``) each look also prices the undecided comparisons
+(``orchestrator.decide.budget``) from the trials' measured wall times (``trial/wall_s``) and the
+resources each holds; the budget is recorded as ``sweep.decide.budget``, and each look's record
+carries what was spent and the comparisons it ended "inconclusive at budget" with their projections
+(those stay ended when a killed driver resumes).
 """
 from __future__ import annotations
 
@@ -24,15 +30,18 @@ from typing import Any
 from lime_arch import ConfigError
 from orchestrator.core import record
 from orchestrator.core.tracking import client
-from orchestrator.decide import reach
-from orchestrator.decide.runs import seed_values
-from orchestrator.decide.verdict import margin_for, parse_margins
+from orchestrator.decide import budget as budgets
+from orchestrator.decide import costs, reach
+from orchestrator.decide.runs import seed_values, seed_walls
+from orchestrator.decide.verdict import AT_BUDGET, margin_for, parse_margins
 from orchestrator.decide.waves import Design, Wave, differences, run_waves
 from orchestrator.sweep.blocks import with_options  # noqa: F401 - the flags' check lives torch-free
 from orchestrator.sweep.checks import key_of
 from orchestrator.sweep.driver import run_sweep
 from orchestrator.sweep.local_state import read_state
+from orchestrator.sweep.mlflow_runs import budget_text
 from orchestrator.sweep.schema import SweepSpec
+from orchestrator.sweep.spec import estimate
 from orchestrator.sweep.view import experiment_dir
 
 
@@ -49,7 +58,8 @@ def _settings(cl, parent: str, spec: SweepSpec) -> dict[str, str]:
 
     have = cl.get_run(parent).data.params
     margin = spec.decide.margin if spec.decide.margin is not None else spec.report.margin
-    want = record.DecideRecord(max_seeds=spec.decide.max_seeds, wave=spec.decide.wave).to_params()
+    want = record.DecideRecord(max_seeds=spec.decide.max_seeds, wave=spec.decide.wave,
+                               budget=budget_text(spec.decide)).to_params()
     if margin is not None:
         want[record.REPORT + "margin"] = margin
     clash = [f"{k} is {have[k]!r}, not {v!r}" for k, v in want.items() if k in have and have[k] != v]
@@ -99,7 +109,9 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
     finished, _ = fetch()
     design = Design(baseline=baseline, variants=tuple(v for v in values if v != baseline), mode=spec.report.mode,
                     alpha=spec.report.alpha, margin=_margin_abs(cl, parent, params, spec, finished.get(baseline, {})),
-                    max_seeds=spec.decide.max_seeds, wave=spec.decide.wave)
+                    max_seeds=spec.decide.max_seeds, wave=spec.decide.wave,
+                    budget=costs.Budget.of(spec.decide.budget))
+    meter = _meter(spec, cl, exp_id, parent, axis, seed_axis, values) if design.budget is not None else None
 
     def keep(wave: Wave) -> None:
         key = f"{record.DECIDE_WAVE}{wave.index}"
@@ -114,10 +126,53 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
                      if not d.decided}
             for line in reach.out_of_reach(open_, design.margin, design.family.level, design.max_seeds):
                 print(f"sweep {spec.name}: look 1: {line}", flush=True)
+        for line in _budget_lines(design, wave):
+            print(f"sweep {spec.name}: look {wave.index}: {line}", flush=True)
 
     def launch(variants: list, seeds: list) -> None:
         nonlocal summary
         summary = sweep(add_seeds=len(seeds), only=variants)
 
-    waves = run_waves(fetch, launch, design, keep, first_index=1 + len(state.get("extensions") or []))
+    waves = run_waves(fetch, launch, design, keep, first_index=1 + len(state.get("extensions") or []), meter=meter,
+                      stopped=_stopped(params, values) if design.budget is not None else None)
     return {**summary, "waves": waves}
+
+
+def _meter(spec: SweepSpec, cl, exp_id: str, parent: str, axis: str, seed_axis: str, values: list):
+    """``launched -> costs.Ledger``: the measured wall times of the sweep's trials, the cores and GPUs
+    each holds, and each compared value's planned training FLOPs (the dry run's estimate: the hours
+    of a value none of whose trials has a measured time yet, ``costs.measure``)."""
+    res = spec.resources
+    first = spec.grid[seed_axis][0]
+    flops = {v: float(estimate(spec.config_of({axis: v, seed_axis: first}))["train_flops"]) for v in values}
+
+    def meter(launched: dict) -> costs.Ledger:
+        walls = seed_walls(cl, exp_id, parent, axis, seed_axis, values)
+        return costs.measure(launched, walls, res.cpu * res.workers, res.gpu * res.workers, flops)
+    return meter
+
+
+def _stopped(params: dict[str, str], values: list) -> dict:
+    """The comparisons an earlier look ended inconclusive at budget (a resumed driver keeps them ended)."""
+    by_text, out = {str(v): v for v in values}, {}
+    for text in record.decide_waves(params).values():
+        try:
+            ended = json.loads(text).get("ended") or {}
+        except (ValueError, AttributeError):
+            continue
+        out.update({by_text[k]: budgets.Projection.from_record(p) for k, p in ended.items() if k in by_text})
+    return out
+
+
+def _budget_lines(design: Design, wave: Wave) -> list[str]:
+    """What a look says about the budget: what was spent, what the next wave costs, and each comparison
+    that ended inconclusive at budget with its projection."""
+    if design.budget is None or wave.spent is None:
+        return []
+    units = tuple(dict.fromkeys(("trials", "core_hours", *design.budget.units)))
+    head = f"budget {design.budget.text()}: spent {wave.spent.text(units)}"
+    if wave.next_cost is not None:
+        head += f"; the next wave costs {wave.next_cost.text(units)}"
+    return ([head] + [f"{v}: {p.text(units, design.budget.units)}" for v, p in wave.projected.items()
+                      if v not in wave.ended] + [f"{v}: {AT_BUDGET}: {p.text(units, design.budget.units)}"
+                                                 for v, p in wave.ended.items()])

@@ -22,6 +22,7 @@ from orchestrator.core.outbox import BUFFER_ENV, RETRY_ENV, WAIT_ENV
 from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import git_sha
+from orchestrator.decide.costs import Budget
 from orchestrator.sweep.files import resolved_yaml
 from orchestrator.sweep.limits import PARAMS_ENV
 from orchestrator.sweep.schema import SweepSpec
@@ -130,7 +131,8 @@ def sweep_record(spec: SweepSpec) -> record.SweepRecord:
     report = record.ReportRecord(metric=rep.metric, axis=rep.axis, baseline=rep.baseline, alpha=rep.alpha,
                                  mode=rep.mode, stated=spec.report_stated, tune=rep.tune, paper=rep.paper,
                                  margin=margin, final_evals=rep.final_evals)
-    decide = None if dec is None else record.DecideRecord(max_seeds=dec.max_seeds, wave=dec.wave)
+    decide = None if dec is None else record.DecideRecord(max_seeds=dec.max_seeds, wave=dec.wave,
+                                                          budget=budget_text(dec))
     return record.SweepRecord(n_trials=spec.n_trials(), axes=tuple(spec.axes()), cpu=r.cpu, gpu=r.gpu,
                               max_failures=spec.max_failures, max_concurrent=spec.max_concurrent,
                               fingerprint=spec.fingerprint(), report=report, extends=spec.extends, search=search,
@@ -150,3 +152,9 @@ def _log_sweep(spec: SweepSpec, cl, rid: str) -> None:
             p.write_text(f"# {spec.name}: the sweep file with its extends chain applied (what ran)\n"
                          + resolved_yaml(spec.resolved))
             cl.log_artifact(rid, str(p), "sweep")
+
+
+def budget_text(dec) -> str | None:
+    """A ``decide:`` block's budget as the parent records it (``sweep.decide.budget``), or None."""
+    b = Budget.of(dec.budget)
+    return b.to_text() if b is not None else None

@@ -87,7 +87,8 @@ class SweepSpec:
     report: _block(ReportSpec, "a mapping like {metric: final/val_loss, axis: router, baseline: none, alpha: 0.05}"
                    ) = field(default_factory=ReportSpec)
     analysis: _block(AnalysisSpec, "a mapping like {enabled: false}") = field(default_factory=AnalysisSpec)
-    decide: _block(DecideSpec, "a mapping like {max_seeds: 32, wave: 2, margin: 0.01}") | None = None
+    decide: _block(DecideSpec, "a mapping like {max_seeds: 32, wave: 2, margin: 0.01, budget: {trials: 60}}"
+                   ) | None = None
     # downstream tasks of every finished trial's final checkpoint (orchestrator.sweep.evaluate);
     # not part of the trials: adding it to a finished sweep evaluates, it trains nothing again
     eval: Annotated[EvalSettings | None, Field(description="a mapping like {tasks: [paper-table-1], num_fewshot: 3}")

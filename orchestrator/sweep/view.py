@@ -95,7 +95,9 @@ def dry_run_text(spec: SweepSpec, address: str | None = None) -> str:
         d = spec.decide
         lines.append(f"until decided: the grid's seeds are the first wave, then {d.wave} more per wave for the "
                      f"baseline and the undecided variants, up to {d.max_seeds} seeds per arm"
-                     + (f", margin {d.margin}" if d.margin else ""))
+                     + (f", margin {d.margin}" if d.margin else "")
+                     + (f", budget {d.budget.words()} (the trials above count against it; a comparison the budget "
+                        "cannot pay for ends inconclusive at budget)" if d.budget is not None else ""))
     lines += [f"warning: {w}" for w in warnings(spec, (cfg for _, cfg in rows), address)]
     # -- the statistics planner's block goes here: one call that appends its lines (what this
     #    design can show at these seed counts, loud when it cannot reach significance) --

@@ -11,6 +11,10 @@ question:
   it only as what 80% would take: a sequential run with less power is not cheaper than it in any
   useful sense (the audit's "72 trials against 528 (86% fewer)" compared a run of 4.5% power with
   an 80%-power design).
+
+With a cost budget (``decide.budget``): the budget, what the sweep spent against it (trials and
+core-hours, from the last look's record) and each comparison a look ended "inconclusive at budget"
+with its projection (``orchestrator.decide.budget``); its row in the table says so beside its verdict.
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ from typing import Any
 import numpy as np
 
 from orchestrator.core.fmt import cell_text, num, table
+from orchestrator.decide.budget import Projection
+from orchestrator.decide.costs import Budget, Cost
+from orchestrator.decide.verdict import AT_BUDGET
 from orchestrator.report.compare.results import PairedAnalysis
 from orchestrator.report.planner import fixed_design, needs
 from orchestrator.report.stats import rule, verdict_power
@@ -47,6 +54,7 @@ def lines(pa: PairedAnalysis, waves: dict[int, str], decide: Any, ref: Any, mode
     if not pa.paired or not pa.rows:
         return []
     level = pa.rows[0].confidence
+    ended, _ = _budget_records(waves)
     body = []
     for r in pa.rows:
         d = np.asarray(r.diffs, np.float64)
@@ -54,7 +62,8 @@ def lines(pa: PairedAnalysis, waves: dict[int, str], decide: Any, ref: Any, mode
         for n in _looks(r, waves):
             iv = rule.sequence(d[:n], level)
             seq.append(f"{n}: [{num(iv.low, 3)}, {num(iv.high, 3)}]" if iv.finite else f"{n}: (-inf, inf)")
-        body.append([cell_text(r.variant), str(r.n), r.verdict, "; ".join(seq)])
+        word = f"{r.verdict} ({AT_BUDGET})" if cell_text(r.variant) in ended else r.verdict
+        body.append([cell_text(r.variant), str(r.n), word, "; ".join(seq)])
     design = (f"waves of {decide.wave} seed(s), at most {decide.max_seeds} per arm" if decide is not None else "waves")
     out = ["", "## Sequential seeds", "",
            f"Seeds were added in {design}: after each wave every comparison's confidence sequence at "
@@ -65,7 +74,8 @@ def lines(pa: PairedAnalysis, waves: dict[int, str], decide: Any, ref: Any, mode
            "", f"The fixed-n numbers elsewhere in this report (p-values, Holm, Wilcoxon, Mann-Whitney, Kruskal-Wallis, "
                f"Friedman, t intervals of the means) assume the seeds were fixed in advance: they are {NOT_VALID} "
                "and are labelled so; the verdicts are the sequences above."]
-    return out + reach(pa, waves, decide, level, margin) + _compute(pa, waves, decide, level, ref)
+    return (out + reach(pa, waves, decide, level, margin) + _compute(pa, waves, decide, level, ref)
+            + budget(pa, waves, decide))
 
 
 def first_look(pa: PairedAnalysis, waves: dict[int, str]) -> int:
@@ -131,3 +141,39 @@ def _saving(saved: int, fixed: int) -> str:
     if saved >= 0:
         return f"saves {saved} trials" + (f" ({100 * saved / fixed:.0f}%)" if fixed else "")
     return f"costs {-saved} trials more" + (f" ({-100 * saved / fixed:.0f}% more)" if fixed else "")
+
+
+def _budget_records(waves: dict[int, str]) -> tuple[dict[str, Projection], Cost | None]:
+    """({variant text: its projection} of the comparisons a look ended inconclusive at budget, what the
+    last look that recorded it had spent)."""
+    ended, spent = {}, None
+    for text in waves.values():
+        try:
+            w = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(w, dict):
+            continue
+        ended.update({k: Projection.from_record(p) for k, p in (w.get("ended") or {}).items()})
+        spent = Cost.from_record(w["spent"]) if w.get("spent") else spent
+    return ended, spent
+
+
+def budget(pa: PairedAnalysis, waves: dict[int, str], decide: Any) -> list[str]:
+    """The budget (``decide.budget``), what was spent against it, and each comparison that ended
+    inconclusive at budget with the projection that ended it."""
+    b = Budget.parse(getattr(decide, "budget", None))
+    if b is None:
+        return []
+    ended, spent = _budget_records(waves)
+    units = tuple(dict.fromkeys(("trials", "core_hours", *b.units)))
+    used = sum(len(v) for v in pa.values.values())
+    out = [f"Budget (`decide.budget`): {b.text()}. Spent against it: "
+           + (f"{spent.text(units)} (at the last look; hours are the trials' measured wall times x the cores or GPUs "
+              "each held)." if spent is not None else f"{used} finished trials (no look recorded its spending).")]
+    if ended:
+        out.append("Inconclusive at budget (no more seeds; the verdict is the sequence's at the seeds it had): "
+                   + "; ".join(f"`{v}`: {p.text(units, b.units)}" for v, p in ended.items()) + ".")
+    else:
+        out.append("No comparison ended inconclusive at budget.")
+    return ["", " ".join(out)]

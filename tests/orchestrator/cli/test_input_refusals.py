@@ -112,6 +112,12 @@ def test_sequential_flags_are_checked_with_the_file_torch_free_and_fast(tmp_path
         "bad-max": (["--until-decided", "--max-seeds", "x"],
                     "error: --max-seeds: must be an integer in [2, 1000] (seeds per arm at most, as "
                     "decide.max_seeds), got 'x'"),
+        "bad-budget": (["--until-decided", "--budget", "hours=2"],
+                       "error: --budget: must be KEY=VALUE with KEY one of trials, core_hours, gpu_hours (such as "
+                       "trials=60 or core_hours=2; several joined by ','), got 'hours=2'"),
+        "low-budget": (["--until-decided", "--budget", "trials=3"],
+                       f"error: {path}: decide.budget.trials: 3 is below the first wave's 4 trials (the grid's 2 "
+                       "values x 2 seeds in grid.seed)"),
     }
     argvs = {k: ["sweep", "run", str(path), *flags] for k, (flags, _) in cases.items()}
     prog = ("import contextlib, io, json, sys, time\nfrom orchestrator.cli import main\nout = {}\n"

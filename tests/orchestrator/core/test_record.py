@@ -95,3 +95,7 @@ def test_the_decide_sweep_records_its_margin_and_waves(monkeypatch):
     waves = {**params, "sweep.decide.wave-2": "{}", "sweep.decide.wave-10": "{\"n\":{}}", "sweep.decide.wave-x": "?"}
     assert list(record.decide_waves(waves)) == [2, 10]
     assert ReportSettings.from_params({k: v for k, v in params.items() if "decide" not in k}).decide is None
+    assert "sweep.decide.budget" not in params  # no budget: no param (as on parents before budgets)
+    budgeted = record.DecideRecord(max_seeds=32, wave=2, budget="trials=60,core_hours=2.0")
+    assert budgeted.to_params()["sweep.decide.budget"] == "trials=60,core_hours=2.0"
+    assert record.DecideRecord.from_params(budgeted.to_params()) == budgeted

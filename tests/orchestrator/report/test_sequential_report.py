@@ -83,3 +83,23 @@ def test_fixed_design_states_its_cap():
     # the sign-flip interval needs 2 / 2^n < 0.05)
     big = fixed_design(_pa({"a": -0.5 + 0.001 * np.array([0, 1, -1, 2, -2, 1, -1, 0])}, 8), 0.95, None)
     assert not big.capped and big.seeds == 6 and big.seeds_text() == "6"
+
+
+def test_the_budget_is_stated_with_what_was_spent_and_each_projection():
+    diffs = {"a": np.full(8, -0.05) + 0.001 * np.arange(8), "b": np.array([0.01, -0.01] * 3)}
+    pa = _pa(diffs, 8)
+    looks = {1: ('{"n": {"a": 6, "b": 6}, "spent": {"trials": 18, "core_hours": 0.9, "gpu_hours": 0}, "ended": '
+                 '{"b": {"look": 1, "n": 6, "median": 0.0, "sd": 0.011, "need": null, "cost": {"trials": "inf", '
+                 '"core_hours": "inf", "gpu_hours": "inf"}, "left": {"trials": 12, "core_hours": null, '
+                 '"gpu_hours": "inf"}, "spent": false}}}'),
+             2: '{"n": {"a": 8, "b": 6}, "spent": {"trials": 22, "core_hours": 1.1, "gpu_hours": 0}, "ended": {}}'}
+    decide = SimpleNamespace(wave=2, max_seeds=32, budget="trials=30")
+    text = "\n".join(sequential.lines(pa, looks, decide, None, "min"))
+    assert "Budget (`decide.budget`): 30 trials. Spent against it: 22 trials, 1.1 core-hours (at the last look" in text
+    assert ("`b`: at look 1 (6 seeds, median 0, sd 0.011) a decision needs more than 100000 seeds per arm: more than "
+            "any budget (12 trials left)") in text
+    assert "| b | 6 | not decided (inconclusive at budget) |" in text
+    # no budget: nothing said; a budget under which nothing ended says so
+    assert "Budget" not in "\n".join(sequential.lines(pa, looks, SimpleNamespace(wave=2, max_seeds=32), None, "min"))
+    quiet = sequential.budget(pa, {2: looks[2]}, decide)
+    assert "No comparison ended inconclusive at budget." in quiet[1]

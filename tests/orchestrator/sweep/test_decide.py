@@ -15,7 +15,7 @@ import pytest
 from lime_arch import ConfigError
 from orchestrator.core import record, tracking
 from orchestrator.core.record import trial_tags
-from orchestrator.decide.verdict import BETTER, UNDECIDABLE, UNDECIDED, table_contradictions
+from orchestrator.decide.verdict import AT_BUDGET, BETTER, UNDECIDABLE, UNDECIDED, table_contradictions
 from orchestrator.sweep import decide, driver, extend
 from orchestrator.sweep.local_state import read_state
 from orchestrator.sweep.spec import parse_spec
@@ -45,8 +45,8 @@ def make_spec(tmp_path, decide_block=None, seeds=6):
 class StandIn:
     """``run_sweep`` without Ray: the launch's trials get finished runs with ``value``."""
 
-    def __init__(self, fail_after: int | None = None):
-        self.calls, self.fail_after = [], fail_after
+    def __init__(self, fail_after: int | None = None, wall: float | None = None):
+        self.calls, self.fail_after, self.wall = [], fail_after, wall  # wall: each trial's trial/wall_s
 
     def __call__(self, spec, *, add_seeds=0, only=None, results=None, **_):
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
@@ -62,6 +62,8 @@ class StandIn:
             tags = trial_tags(spec.name, t.trial_id, t.params, **{record.PARENT_RUN: parent, record.STATUS: "finished"})
             rid = cl.create_run(exp_id, tags=tags).info.run_id
             cl.log_metric(rid, "final/val_loss", value(t.params["router"], t.params["seed"]))
+            if self.wall is not None:
+                cl.log_metric(rid, record.TRIAL_WALL, self.wall)
             cl.set_terminated(rid, "FINISHED")
         record.end_run(cl, parent, record.TrialStatus.FINISHED)
         return {"ok": True}
@@ -159,3 +161,71 @@ def test_options_are_checked_before_anything_runs(env):
         parse_spec({"name": "x", "description": "x", "base": {"preset": "tiny"},
                     "grid": {"router": ["none", "full"], "optim.lr": [1e-3, 2e-3], "seed": [0, 1]},
                     "decide": {"max_seeds": 8}})
+
+
+def test_a_budget_ends_the_comparison_out_of_reach_and_decides_the_rest(env, monkeypatch, capsys):
+    from orchestrator.report.build import build_report
+
+    stand_in = StandIn(wall=360.0)  # 0.1 h a trial, 1 core each
+    monkeypatch.setattr(decide, "run_sweep", stand_in)
+    spec = decide.with_options(make_spec(env), True, "40", None, "trials=30,core_hours=3")
+    waves = decide.run_until_decided(spec)["waves"]
+    # look 1 (6 seeds: 18 trials, 1.8 core-hours spent): full's differences are 0.02 x noise, median -0.003 and sd
+    # 0.017: a decision needs hundreds of seeds, far above the 12 trials left: inconclusive at budget. first-4
+    # needs 8 seeds (the first with a finite sequence at 97.5%): 4 trials and 0.4 core-hours more; it continues
+    full = waves[0].decisions[0]
+    assert full.verdict.word == AT_BUDGET and full.projection.seeds > 100 and full.projection.left.trials == 12
+    assert waves[0].next_variants == ["none", "first-4"] and waves[0].next_seeds == [6, 7]
+    assert waves[1].decisions[1].verdict.word == BETTER and waves[1].done and len(waves) == 2
+    assert waves[1].why == "1 comparison(s) inconclusive at budget"
+    assert stand_in.calls[1] == ["router=none,seed=6", "router=none,seed=7", "router=first-4,seed=6",
+                                 "router=first-4,seed=7"]
+    said = capsys.readouterr().out
+    assert ("look 1: budget 30 trials, 3 core-hours: spent 18 trials, 1.8 core-hours; the next wave costs 4 trials"
+            in said)
+    assert "look 1: full: inconclusive at budget: at look 1 (6 seeds, median -0.003, sd " in said
+    assert ("look 1: first-4: at look 1 (6 seeds, median -0.1, sd 0.00228) a decision needs about 8 seeds per arm: 4 "
+            "trials, 0.4 core-hours more, within the 12 trials, 1.2 core-hours left") in said
+    params = tracking.client().get_run(read_state(experiment_dir("dec"))["parent_run_id"]).data.params
+    assert params["sweep.decide.budget"] == "trials=30,core_hours=3.0"
+    looks = record.decide_waves(params)
+    assert json.loads(looks[1])["ended"]["full"]["need"] == full.projection.seeds
+    assert json.loads(looks[1])["verdict"]["full"] == AT_BUDGET
+    assert json.loads(looks[2])["spent"] == {"trials": 22, "core_hours": 2.2, "gpu_hours": 0}
+    out = build_report("dec", out=env / "reports", log_to_mlflow=False).parent
+    md = (out / "report.md").read_text()
+    assert "Budget (`decide.budget`): 30 trials, 3 core-hours. Spent against it: 22 trials, 2.2 core-hours" in md
+    assert "`full`: at look 1 (6 seeds, median -0.003, sd " in md and "above the 12 trials, 1.2 core-hours left" in md
+    assert "cannot decide (inconclusive at budget)" in md
+    assert "inconclusive at budget" in status_text("dec")
+
+
+def test_the_budget_is_checked_with_the_file(env):
+    spec = make_spec(env)
+    with pytest.raises(ConfigError, match=r"^--budget: must be KEY=VALUE with KEY one of trials, core_hours, "
+                                          r"gpu_hours \(such as trials=60"):
+        decide.with_options(spec, True, None, None, "hours=2")
+    with pytest.raises(ConfigError, match=r"^--budget: trials must be an integer >= 1 \(trials launched in all\), "
+                                          r"as decide.budget.trials; got '0'$"):
+        decide.with_options(spec, True, None, None, "trials=0")
+    with pytest.raises(ConfigError, match=r"decide.budget.trials: 10 is below the first wave's 18 trials \(the "
+                                          r"grid's 3 values x 6 seeds in grid.seed\)$"):
+        decide.with_options(spec, True, None, None, "trials=10")
+    with pytest.raises(ConfigError, match="only with --until-decided"):
+        decide.with_options(spec, False, None, None, "trials=40")
+    budget = decide.with_options(spec, True, None, None, "core-hours=2.5,trials=40").decide.budget
+    assert budget.words() == "40 trials, 2.5 core-hours"
+    for block, line in [
+        ({}, "decide.budget: empty; give one or more of trials, core_hours, gpu_hours, such as {trials: 60} or "
+             "{core_hours: 2}"),
+        ({"trial": 40}, "decide.budget.trial: unknown key; allowed: core_hours, gpu_hours, trials"),
+        ({"core_hours": -1}, "decide.budget.core_hours: must be > 0, got -1"),
+        ({"core_hours": math.inf}, "decide.budget.core_hours: input should be a finite number, got inf"),
+        ({"trials": 40.5}, "decide.budget.trials: must be an integer >= 1 or null, got 40.5"),
+        (60, "decide.budget: must be a mapping like {trials: 60} or {core_hours: 2}, got 60"),
+        ({"gpu_hours": 1}, "decide.budget.gpu_hours: the trials hold no GPU (resources.gpu is 0): a GPU-hours budget "
+                           "would never be spent; give trials or core_hours"),
+    ]:
+        with pytest.raises(ConfigError) as e:
+            make_spec(env, {"budget": block})
+        assert str(e.value).endswith(line), (block, str(e.value))
