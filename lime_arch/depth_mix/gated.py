@@ -1,5 +1,7 @@
-"""The gated residual hyper-connection of Qwen's 2026 models (Qwen4-Exp / Qwen3.8-Flash-Next; x-transformers
-2.31.10 calls it ``gated_multi_residual``), as a depth mix: ``gated-residual[-<rate>[-<rank>]]``.
+"""The gated residual hyper-connection of Qwen's 2026 models (Qwen4-Exp / Qwen3.8-Flash-Next, its
+``GatedResidual``; x-transformers 2.31.10 has a port as ``gated_multi_residual``, class ``GatedMultiResidual``),
+as a depth mix: ``gated-residual[-<rate>[-<rank>]]``, defaults 4 streams and rank 8 (C/8 at the field
+sweep's width 64: Qwen's ratio, 320 at C = 2560).
 
 Like Hyper-Connections (``lime_arch.depth_mix.peers``) the residual stream is n streams H (B, T, n, C), all
 the embedding output at first; unlike HC and mHC there is no n x n stream-mixing matrix: every stream
@@ -7,35 +9,39 @@ only accumulates sublayer outputs. Sublayer k (k = 2l attention, 2l + 1 MLP of l
 them through (per token; H_i is stream i, vec(u) the n normalised streams flattened stream-major, nC):
   u_i   = RMSNorm(H_i) * (1 + gamma_{k,i})                    per stream, over its C channels
   a     = SiLU(vec(u) D_k / n)                                 (r,)      the low-rank bottleneck
-  G_i   = sigmoid(s_{k,i} + (a U_k)_i)                         (C,)      the read gate, per channel
+  G_i   = sigmoid(S_{k,i} + (a U_k)_i)                         (C,)      the read gate, per channel
   h     = (1/n) sum_i G_i * u_i                                (C,)      the sublayer's input
   w_i   = 2 sigmoid((vec(u) J_k)_i / n)                        (n,)      the write scalar, per stream
   H'_i  = H_i + w_i sublayer(h)
-with gamma_k (n, C) a zero-centred norm gain, D_k (nC, r), U_k (r, nC), s_k (n,) the static read logits
-and J_k (nC, n) per sublayer. After the last layer a learned output mixer (the same read without a
-write: gamma, D, U and s of its own, index k = 2L) contracts the streams into what the final norm reads.
+with gamma_k (n, C) a zero-centred norm gain, D_k (nC, r), U_k (r, nC), S_k (n, C) the static read logits
+and J_k (nC, n) per sublayer. After the last layer a learned output mixer (Qwen's hyper_connection_mixer:
+the same read without a write, gamma, D, U and S of its own, index k = 2L) contracts the streams into what
+the final norm reads. All but S are Qwen4-Exp's (transformers' modular_qwen4_exp); S is x-transformers'.
 
-Init: gamma = 0, U = 0, J = 0, s = e_{k mod n} (a static logit of 1 on one stream, as HC's a_m: it
-breaks the streams' symmetry), D ~ N(0, std^2) (the model's init std). U = 0 alone zeroes the gate's
-dynamic part; D stays random because with both factors zero neither would ever get a gradient (dU is
-a outer dG, dD goes through U). So at step 0 every stream is the plain residual stream (w = 2 sigmoid(0)
-= 1 exactly) and the sublayer reads h = c RMSNorm(x), c = (sigmoid(1) + (n - 1)/2) / n; the block's
-pre-norm maps c RMSNorm(x) back to RMSNorm(x), as does the final norm after the mixer: the model is the
-plain pre-norm residual model up to the norms' eps (the tests check it in float64 with a negligible eps).
+Init: gamma = 0, U = 0, J = 0, S = 1 on stream k mod n and 0 elsewhere (x-transformers' identity anchor: it
+breaks the streams' symmetry, as HC's a_m does), D ~ N(0, std^2) (the model's init std). U = 0 alone zeroes
+the gate's dynamic part; D stays random because with both factors zero neither would ever get a gradient
+(dU is a outer dG, dD goes through U). So at step 0 every stream is the plain residual stream (w =
+2 sigmoid(0) = 1 exactly) and the sublayer reads h = c RMSNorm(x), c = (sigmoid(1) + (n - 1)/2) / n; the
+block's pre-norm maps c RMSNorm(x) back to RMSNorm(x), as the final norm does after the mixer: the model is
+the plain pre-norm residual model up to the norms' eps (the tests check it in float64 with a negligible eps).
 
-Where this differs from Qwen's code (docs/MODEL.md, the deviation table):
-  - the block keeps its own pre-norm (RMSNorm with gain) after the read; Qwen's layers have none, the
-    read's normalised output is the sublayer's input. Kept so the shared weights and the step-0 model
-    are the ``none`` model's (paired comparisons), and the read's overall scale (the 1/n mean, the
-    gates' 1/2) does not matter;
-  - the init (Qwen's released code draws every projection normal and has no static logits; step 0 is
-    then not a plain residual): as x-transformers' ``gated_multi_residual``, see above;
-  - the coefficients are computed in fp32 (or the streams' dtype if wider) with autocast off, like
-    mHC's; Qwen keeps the norm in fp32 and runs the projections in the model's dtype.
-``hidden`` (analysis) reads the mean of the streams, the residual stream's scale (the baseline's
-residual stream exactly at step 0); the final norm reads the output mixer. Weight decay: D, U and J
-(``proj``) decay like every weight matrix; gamma and s take none. The mixing is per token, so cached
-decoding is exact.
+Where this differs from Qwen's code or x-transformers' port (docs/MODEL.md, the deviation table):
+  - the block keeps its own pre-norm (RMSNorm with gain) after the read; both references drop it (the read
+    normalises). Kept so the shared weights and the step-0 model are the ``none`` model's (paired
+    comparisons); without it the sublayer would read c RMSNorm(x) at step 0, not the plain model;
+  - the init: Qwen's code draws every projection normal and has no static logits (step 0 not a plain
+    residual); x-transformers zero-inits U and the write projection, draws D with nn.Linear's default
+    (uniform, std 1/sqrt(3 nC)) and scales the bottleneck by a learned scalar (0.01 at init), left out;
+  - the write scalar from vec(u) J directly (Qwen); x-transformers takes it from the shared bottleneck a
+    plus a static per-stream logit;
+  - the final readout: Qwen's learned mixer; x-transformers sums the streams (and adds a zero-initialised
+    learned embedding per stream at the start, left out);
+  - the read in fp32 (or the streams' dtype if wider) with autocast off, like mHC's coefficients; Qwen keeps
+    the norm in fp32 and runs the projections in the model's dtype.
+``hidden`` (analysis) reads the mean of the streams, the residual stream's scale (the baseline's residual
+stream exactly at step 0); the final norm reads the output mixer. Weight decay: D, U and J (``proj``) decay
+like every weight matrix; gamma and S take none. The mixing is per token, so cached decoding is exact.
 
 No torch at the top of this module (the classes are also the declarations a config check reads:
 ``lime_arch.depth_mix.registry``), so the methods that call torch import it.
@@ -86,7 +92,7 @@ class GatedResidual(DepthMix):
         # reads 0..K-1 are the sublayers', read K the output mixer's (no write)
         self.proj = nn.ModuleList([GatedReadWeights(n, self.d_model, self.rank, self.std, k < K) for k in range(K + 1)])
         self.gain = nn.Parameter(torch.zeros(K + 1, n, self.d_model))  # gamma: the norm gain is 1 + gamma
-        logits = torch.zeros(K + 1, n)  # s: 1 on stream k mod n
+        logits = torch.zeros(K + 1, n, self.d_model)  # S: 1 on stream k mod n, every channel
         for k in range(K + 1):
             logits[k, k % n] = 1.0
         self.read_logit = nn.Parameter(logits)
@@ -94,7 +100,7 @@ class GatedResidual(DepthMix):
     @classmethod
     def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
         n, r, K = args["rate"], args["rank"], 2 * n_layers
-        read = n * d_model * (2 * r + 1) + n  # D, U, gamma and s of one read
+        read = n * d_model * (2 * r + 2)  # D, U, gamma and S of one read
         return (K + 1) * read + K * n * d_model * n  # and J of every sublayer
 
     def decays(self, name: str) -> bool:
@@ -113,9 +119,9 @@ class GatedResidual(DepthMix):
             u = Hf * torch.rsqrt(Hf.pow(2).mean(-1, keepdim=True) + self.norm_eps) * (1 + self.gain[k].to(dt))
             flat = u.flatten(-2)  # vec(u): (B, T, nC), stream-major
             a = F.silu(flat @ p.down.to(dt) / n)  # (B, T, r)
-            logits = (a @ p.up.to(dt)).unflatten(-1, (n, self.d_model)) + self.read_logit[k].to(dt)[:, None]
+            logits = (a @ p.up.to(dt)).unflatten(-1, (n, self.d_model)) + self.read_logit[k].to(dt)  # (B, T, n, C)
             h = (torch.sigmoid(logits) * u).mean(-2)  # (B, T, C)
-            w = 2 * torch.sigmoid(flat @ p.inject.to(dt) / n) if hasattr(p, "inject") else None  # (B, T, n)
+            w = 2 * torch.sigmoid(flat @ p.inject.to(dt) / n) if k < 2 * self.n_layers else None  # (B, T, n)
         return h, w
 
     def begin(self, x: Tensor, memo: dict) -> Tensor:

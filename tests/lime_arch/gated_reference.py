@@ -4,7 +4,7 @@ streams, channels blocks and bottleneck units, sharing no code with lime_arch.
 
 ``GatedResidualSteps`` is a mixin for test_peer_reference.Ref (its ``attention``, ``mlp`` and ``logits``,
 the model ``m``, its config ``cfg`` and the tokens ``idx``); it reads the mix's weights by name:
-``gain[k]`` (n, C) the zero-centred norm gain, ``read_logit[k]`` (n,) the static read logits,
+``gain[k]`` (n, C) the zero-centred norm gain, ``read_logit[k]`` (n, C) the static read logits,
 ``proj[k].down`` (nC, r), ``proj[k].up`` (r, nC) and ``proj[k].inject`` (nC, n), rows and columns of
 width nC indexed stream-major (stream i, channel c at i * C + c)."""
 import torch
@@ -18,19 +18,19 @@ class GatedResidualSteps:
     """Per read k, stream by stream:
     u_i = H_i / sqrt(mean_c H_i[c]^2 + eps) * (1 + gamma_i);
     z_j = (1/n) sum_i u_i . D[iC:(i+1)C, j],  a_j = z_j sigmoid(z_j)  (SiLU);
-    G_i = sigmoid(s_i + sum_j a_j U[j, iC:(i+1)C]);  h = (1/n) sum_i G_i * u_i;
+    G_i = sigmoid(S_i + sum_j a_j U[j, iC:(i+1)C]);  h = (1/n) sum_i G_i * u_i;
     w_i = 2 sigmoid((1/n) sum_i' u_i' . J[i'C:(i'+1)C, i]);  H'_i = H_i + w_i sublayer(h);
     the final norm reads h of the output mixer (read 2L, no write)."""
 
     def read(self, k, Hs):
         dm, n, eps = self.m.depth_mix, len(Hs), self.cfg.norm_eps
         C = Hs[0].shape[-1]
-        gamma, s, p = dm.gain[k], dm.read_logit[k], dm.proj[k]
+        gamma, S, p = dm.gain[k], dm.read_logit[k], dm.proj[k]
         u = [Hs[i] / torch.sqrt(Hs[i].pow(2).mean(-1, keepdim=True) + eps) * (1 + gamma[i]) for i in range(n)]
         blocks = [slice(i * C, (i + 1) * C) for i in range(n)]
         z = [sum(u[i] @ p.down[blocks[i], j] for i in range(n)) / n for j in range(p.down.shape[1])]
         a = [zj * sigmoid(zj) for zj in z]
-        G = [sigmoid(s[i] + sum(a[j][..., None] * p.up[j, blocks[i]] for j in range(len(a)))) for i in range(n)]
+        G = [sigmoid(S[i] + sum(a[j][..., None] * p.up[j, blocks[i]] for j in range(len(a)))) for i in range(n)]
         h = sum(G[i] * u[i] for i in range(n)) / n
         if k == 2 * self.cfg.n_layers:
             return h, None

@@ -90,13 +90,13 @@ def test_step_zero_is_the_plain_pre_norm_residual_model(router, kv, f64):
 
 
 def test_init_and_the_step_zero_read_by_hand():
-    """gamma = 0, U = 0, J = 0, s = e_{k mod n}, D ~ N(0, std^2): read k of any streams is
+    """gamma = 0, U = 0, J = 0, S = 1 on stream k mod n (every channel), D ~ N(0, std^2): read k of any streams is
     h = (1/n) sum_i c_i H_i / rms(H_i) with c_i = sigmoid(1) on stream k mod n and 1/2 elsewhere, w = 1."""
     model = build_model(tiny("gated-residual", n_layers=6))
     mix, n, C, r, K = model.depth_mix, 4, 64, 8, 12
     assert (mix.rate, mix.rank) == (4, 8) and len(mix.proj) == K + 1
     assert torch.equal(mix.gain, torch.zeros(K + 1, n, C))
-    assert torch.equal(mix.read_logit, torch.eye(n)[[k % n for k in range(K + 1)]])
+    assert torch.equal(mix.read_logit, torch.eye(n)[[k % n for k in range(K + 1)]][..., None].expand(K + 1, n, C))
     for k, p in enumerate(mix.proj):
         assert p.down.shape == (n * C, r) and torch.equal(p.up, torch.zeros(r, n * C))
         assert torch.equal(p.inject, torch.zeros(n * C, n)) if k < K else not hasattr(p, "inject")
@@ -127,7 +127,7 @@ def test_at_step_zero_D_has_no_gradient_and_U_needs_D_random():
     assert all(torch.equal(p.down.grad, torch.zeros_like(p.down)) for p in mix.proj)
     assert all(p.up.grad.abs().sum() > 0 for p in mix.proj)
     assert all(mix.proj[k].inject.grad.abs().sum() > 0 for k in range(8))
-    assert mix.gain.grad.abs().sum() > 0
+    assert mix.gain.grad.abs().sum() > 0 and mix.read_logit.grad.abs().sum() > 0
     g = mix.proj[0].inject.grad  # (nC, n)
     assert (g[:, 0] - g[:, 1]).abs().max() > 1e-2 * g.abs().max()
     model.zero_grad(set_to_none=True)
@@ -141,8 +141,8 @@ def test_at_step_zero_D_has_no_gradient_and_U_needs_D_random():
 L, C = 4, 64  # the tiny preset
 
 
-def _read_params(n, r):  # gamma (n, C), s (n), D (nC, r), U (r, nC)
-    return n * C + n + n * C * r + r * n * C
+def _read_params(n, r):  # gamma (n, C), S (n, C), D (nC, r), U (r, nC)
+    return n * C + n * C + n * C * r + r * n * C
 
 
 @pytest.mark.parametrize("spec,n,r", [("gated-residual", 4, 8), ("gated-residual-2", 2, 8),
