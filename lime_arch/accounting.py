@@ -17,7 +17,8 @@ multiply-accumulates of
     O(iters n^2), are left out like a softmax; ``mhc-readout``'s learned readout n*C*n + n*C
     replaces the final sum); AttnRes's 2*C per source of every reader (scores
     and weighted sum); MUDDFormer's dense-weight MLP C*h + h*ways*S and its mixtures ways*S*C
-    after each block.
+    after each block; the gated residual's bottleneck 2*n*C*r, gated mean n*C, write scalars n*C*n and
+    write n*C per sublayer, and the output mixer's read 2*n*C*r + n*C.
   - the dynamic router's scores, q . key for every routed head and source head (R * |S_l|R * Hd),
     beside its mixing of K and V (counted as full's).
 Norms, RoPE, softmax, sigmoid, GELU, tanh and residual adds are left out (O(d) per token).

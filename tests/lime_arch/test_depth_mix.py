@@ -32,8 +32,8 @@ def tiny(depth_mix, router="none", kv=4, **kw):
 # -- the registry -------------------------------------------------------------------------------
 def test_registry_lists_the_paper_peers_and_the_field_in_order():
     assert SPECS == ["none", "denseformer", "hyper-connections", "hyper-connections-static", "hyper-connections-corl",
-                     "value-residual", "value-residual-learned", "attn-res", "attn-res-block", "mhc", "mhc-sigmoid",
-                     "mhc-readout", "mudd"]
+                     "value-residual", "value-residual-learned", "attn-res", "attn-res-block", "gated-residual", "mhc",
+                     "mhc-sigmoid", "mhc-readout", "mudd"]
 
 
 @pytest.mark.parametrize("spec,cls,args", [
@@ -51,7 +51,8 @@ def test_spec_strings_and_defaults(spec, cls, args):
     ("densformer", "model.depth_mix: unknown depth mix 'densformer'; registered: none, "
                    "denseformer[-<dilation>[-<period>]], hyper-connections[-<rate>], "
                    "hyper-connections-static[-<rate>], hyper-connections-corl[-<rate>], value-residual, "
-                   "value-residual-learned, attn-res, attn-res-block[-<size>], mhc[-<rate>[-<iters>[-<post_gain>]]], "
+                   "value-residual-learned, attn-res, attn-res-block[-<size>], gated-residual[-<rate>[-<rank>]], "
+                   "mhc[-<rate>[-<iters>[-<post_gain>]]], "
                    "mhc-sigmoid[-<rate>[-<iters>[-<post_gain>]]], mhc-readout[-<rate>[-<iters>[-<post_gain>]]], "
                    "mudd"),
     ("denseformer-0", "model.depth_mix: 'denseformer-0' needs a positive integer for dilation, got 0"),

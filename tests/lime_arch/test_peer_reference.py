@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from lime_arch import build_model, preset
 from lime_arch.depth_mix import DEPTH_MIXES, depth_mix_specs, parse_depth_mix
+from tests.lime_arch.gated_reference import GatedResidualSteps
 
 
 @pytest.fixture(autouse=True)
@@ -280,19 +281,24 @@ class LearnedValueResidualRef(ValueResidualRef):
         return self.m.depth_mix.lambdas[l - 1, 0], self.m.depth_mix.lambdas[l - 1, 1]
 
 
+class GatedResidualRef(GatedResidualSteps, Ref):
+    """Qwen's gated residual streams: tests/lime_arch/gated_reference.py."""
+
+
 REFERENCES = {"none": Ref, "denseformer": DenseFormerRef, "hyper-connections": HyperConnectionsRef,
               "hyper-connections-static": HyperConnectionsRef, "hyper-connections-corl": CorlHyperConnectionsRef,
               "value-residual": ValueResidualRef, "value-residual-learned": LearnedValueResidualRef,
               "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "mhc-readout": ReadoutMHCRef,
               "attn-res": AttnResRef, "attn-res-block": BlockAttnResRef,
-              "mudd": MUDDRef}
+              "mudd": MUDDRef, "gated-residual": GatedResidualRef}
 # At 5 layers (10 sublayers) attn-res-block's default size 4 makes blocks of 4, 4, 2 and size 3 of 3, 3, 3, 1;
 # size 1 is full AttnRes; sizes 10 and 20 are one block (every sublayer reads the embedding and the partial sum).
 # mHC at 1-3 Sinkhorn rounds: where the order of the normalisations (columns, then rows) matters most.
 SPECS = [*depth_mix_specs(), "denseformer-2-1", "denseformer-1-2", "denseformer-2-3", "hyper-connections-2",
          "hyper-connections-static-3", "hyper-connections-corl-3", "mhc-2-5", "mhc-4-20-1", "mhc-sigmoid-3-7-1.5",
          "mhc-4-1", "mhc-3-2", "mhc-readout-3-3",
-         "attn-res-block-1", "attn-res-block-3", "attn-res-block-10", "attn-res-block-20"]
+         "attn-res-block-1", "attn-res-block-3", "attn-res-block-10", "attn-res-block-20", "gated-residual-2-3",
+         "gated-residual-3-1"]
 
 
 def test_every_registered_depth_mix_has_a_reference():
