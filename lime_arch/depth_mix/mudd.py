@@ -33,9 +33,10 @@ Trimmed MUDD (the NanoGPT speedrun's record, KellerJordan/modded-nanogpt PR 259:
     are computed only after blocks L - k - 1 .. L - 2 and after the last (the final norm's mixture
     stays). Each mixture still weighs every source X_0..X_{i+1} (the record picks a few hand-chosen
     ones). ``mudd-last-<k>`` with k >= L - 1 is ``mudd``.
-  - ``mudd-vr`` and ``mudd-vr-last[-<k>]``: only the value and residual ways (2 ways); the query
-    and key read the latest block output X_l, as a dropped way does at its current-only init, so
-    the K input needs no gain of its own and only g_v remains.
+  - ``mudd-vr`` and ``mudd-vr-last[-<k>]``: only the value and residual ways (2 ways, in that
+    order); the query and key read the residual mixture, the block's input as in the record (its
+    mixture enters the residual stream the attention reads; MUDDFormer's one-way form reads one
+    mixture for all four), so the K input needs no gain of its own and only g_v remains.
 The record's "zero-initialised output" (the mixture added to the stream, X_{i+1} + sum_j A'_j X_j,
 its MLP's output layer and bias zero) is this module's current-only init reparametrised, b = b' +
 e_last: the same function at every step, the same gradients and (the biases take no weight decay,
@@ -148,7 +149,7 @@ class MUDDFormer(DepthMix):
             return x + fn(x)  # the MLP, and the blocks before the first that takes mixtures
         xq, xk, xv, xr = x
         g = self.kv_gain[l - self.first]
-        g_k, g_v = (1.0, g[0]) if self.channels == "vr" else (g[0], g[1])  # vr: K reads X_l as Q does
+        g_k, g_v = (1.0, g[0]) if self.channels == "vr" else (g[0], g[1])  # vr: K reads what Q reads
         return xr + fn(xq, kv=((xk, g_k), (xv, g_v)))
 
     def after_block(self, l: int, x: Tensor, memo: dict):
@@ -170,7 +171,10 @@ class MUDDFormer(DepthMix):
             mixes.append(y)
         if ways == 1:
             return mixes[0]  # the final norm's input
-        return tuple(mixes) if ways == WAYS else (x, x, *mixes)  # (q, k, v, r); vr: q and k read X_{l+1}
+        if ways == WAYS:
+            return tuple(mixes)  # (q, k, v, r)
+        v, r = mixes
+        return r, r, v, r  # vr: the query and key read the residual mixture
 
     def macs_per_token(self) -> int:
         """Per block with dense weights: RMSNorm(x) W1 C*h, GELU(.) W2 h*ways*S, the mixtures ways*S*C

@@ -64,7 +64,7 @@ class AdditiveAttnRes:
 class TrimmedMUDD:
     """MUDDFormer with the speedrun's trims, read from the spec: ``-last-<k>`` (default 2) makes blocks
     l >= max(1, L - k) the only ones whose inputs are mixtures; ``-vr`` keeps the value and residual ways
-    (the query and key read the latest block output X_l, the key without a gain of its own). After block
+    (the query and key read the residual mixture, the key without a gain of its own). After block
     i, when block i + 1 takes mixtures or i = L - 1: A = GELU(X_{i+1}/rms W1) W2 + b, (ways, i + 2), way c
     = sum_j A[c, j] X_j; the m-th such block (in order) owns proj[m] and bias[m]; the blocks that take
     mixtures own kv_gain rows in order: (g_k, g_v), or (g_v,) with -vr."""
@@ -83,7 +83,7 @@ class TrimmedMUDD:
                 g = dm.kv_gain[i - first]
                 if vr:
                     v, r = mixes
-                    x = r + self.attention(i, X[-1], ((X[-1], 1.0), (v, g[0])))
+                    x = r + self.attention(i, r, ((r, 1.0), (v, g[0])))
                 else:
                     q, k, v, r = mixes
                     x = r + self.attention(i, q, ((k, g[0]), (v, g[1])))

@@ -192,22 +192,38 @@ def test_mudd_last_feeds_only_the_last_blocks(f64):
     assert not torch.allclose(outs["mudd-last"][2], outs["none"][2])
 
 
-def test_mudd_vr_queries_and_keys_read_the_block_output(f64):
-    """mudd-vr: the attention's query and key inputs are the latest block output whatever the dense weights
-    (only values and the residual are mixtures): its query projections see what the baseline's would."""
+def test_mudd_vr_queries_and_keys_read_the_residual_mixture(f64):
+    """mudd-vr: the attention's query and key read the residual mixture, the one the block adds its output to;
+    the values read their own mixture (randomised dense weights: the two differ)."""
     torch.manual_seed(3)
     model = build_model(tiny("mudd-vr"))
     _randomise(model.depth_mix)
-    block_out, q_in = [], []
-    for b in model.blocks:
-        b.register_forward_hook(lambda _m, _i, o: block_out.append(o.detach()))
-        b.attn.wq.register_forward_pre_hook(lambda _m, a: q_in.append(a[0].detach()))
-        b.attn.wk.register_forward_pre_hook(lambda _m, a: q_in.append(a[0].detach()))
-    model(torch.randint(0, 256, (2, 8)))
+    states, q_in, k_in, v_in = [], [], [], []
+    mix = model.depth_mix
+    original = type(mix).after_block
+
+    def spy(self, l, x, memo):
+        out = original(self, l, x, memo)
+        states.append(out)
+        return out
+
+    type(mix).after_block = spy
+    try:
+        for b in model.blocks:
+            b.attn.wq.register_forward_pre_hook(lambda _m, a: q_in.append(a[0].detach()))
+            b.attn.wk.register_forward_pre_hook(lambda _m, a: k_in.append(a[0].detach()))
+            b.attn.wv.register_forward_pre_hook(lambda _m, a: v_in.append(a[0].detach()))
+        model(torch.randint(0, 256, (2, 8)))
+    finally:
+        type(mix).after_block = original
     for l in range(1, 4):
-        normed = model.blocks[l].attn_norm(block_out[l - 1])
-        torch.testing.assert_close(q_in[2 * l], normed, rtol=0, atol=0)  # wq
-        torch.testing.assert_close(q_in[2 * l + 1], normed, rtol=0, atol=0)  # wk
+        q, k, v, r = states[l - 1]
+        assert q is r and k is r
+        norm, g_v = model.blocks[l].attn_norm, mix.kv_gain[l - 1, 0]
+        torch.testing.assert_close(q_in[l], norm(r), rtol=0, atol=0)
+        torch.testing.assert_close(k_in[l], norm(r), rtol=0, atol=0)
+        torch.testing.assert_close(v_in[l], norm(v) * g_v, rtol=0, atol=0)
+        assert not torch.allclose(v, r)
 
 
 # -- symmetry-broken streams ----------------------------------------------------------------------
