@@ -192,7 +192,7 @@ def test_mudd_last_feeds_only_the_last_blocks(f64):
     assert not torch.allclose(outs["mudd-last"][2], outs["none"][2])
 
 
-def test_mudd_vr_queries_and_keys_read_the_residual_mixture(f64):
+def test_mudd_vr_queries_and_keys_read_the_residual_mixture(f64, monkeypatch):
     """mudd-vr: the attention's query and key read the residual mixture, the one the block adds its output to;
     the values read their own mixture (randomised dense weights: the two differ)."""
     torch.manual_seed(3)
@@ -207,15 +207,12 @@ def test_mudd_vr_queries_and_keys_read_the_residual_mixture(f64):
         states.append(out)
         return out
 
-    type(mix).after_block = spy
-    try:
-        for b in model.blocks:
-            b.attn.wq.register_forward_pre_hook(lambda _m, a: q_in.append(a[0].detach()))
-            b.attn.wk.register_forward_pre_hook(lambda _m, a: k_in.append(a[0].detach()))
-            b.attn.wv.register_forward_pre_hook(lambda _m, a: v_in.append(a[0].detach()))
-        model(torch.randint(0, 256, (2, 8)))
-    finally:
-        type(mix).after_block = original
+    monkeypatch.setattr(type(mix), "after_block", spy)
+    for b in model.blocks:
+        b.attn.wq.register_forward_pre_hook(lambda _m, a: q_in.append(a[0].detach()))
+        b.attn.wk.register_forward_pre_hook(lambda _m, a: k_in.append(a[0].detach()))
+        b.attn.wv.register_forward_pre_hook(lambda _m, a: v_in.append(a[0].detach()))
+    model(torch.randint(0, 256, (2, 8)))
     for l in range(1, 4):
         q, k, v, r = states[l - 1]
         assert q is r and k is r
