@@ -98,6 +98,11 @@ class MUDDFormer(DepthMix):
         return max(1, n_layers - args["last"]) if "last" in args else 1
 
     @classmethod
+    def n_gains(cls) -> int:
+        """The input gains of a block that takes mixtures: (g_k, g_v), or g_v alone (``vr``)."""
+        return 1 if cls.channels == "vr" else 2
+
+    @classmethod
     def layout(cls, args: dict, n_layers: int) -> list[tuple[int, int]]:
         """(block i, ways) of every block after which dense weights are computed: those whose next
         block takes mixtures, and the last (the final norm's one way)."""
@@ -124,12 +129,12 @@ class MUDDFormer(DepthMix):
             biases.append(nn.Parameter(b))
         self.bias = nn.ParameterList(biases)  # b_i: (ways, i + 2)
         # the K and V gains (g_k, g_v), or g_v alone, of the blocks that take mixtures
-        self.kv_gain = nn.Parameter(torch.ones(max(L - self.first, 0), len(self.channels) - 2, C))
+        self.kv_gain = nn.Parameter(torch.ones(max(L - self.first, 0), self.n_gains(), C))
 
     @classmethod
     def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
         L, C = n_layers, d_model
-        total = C * (len(cls.channels) - 2) * max(L - cls.first_consumer(args, L), 0)  # the K/V gains
+        total = C * cls.n_gains() * max(L - cls.first_consumer(args, L), 0)  # the K/V gains
         for i, w in cls.layout(args, L):
             s = i + 2
             h = hidden_width(w, s, i == L - 1)

@@ -35,12 +35,11 @@ def _randomise(mix, scale=0.3, seed=1):
             p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
-# At 5 layers (10 sublayers): blocks of 3 sublayers are 3, 3, 3, 1; size 1 is full additive AttnRes, 10 and 20
-# one block. mudd-last-1 trims to the last block, -4 (= L - 1) is every block; mudd-vr-last-3 both trims.
+# At 5 layers (10 sublayers): blocks of 3 sublayers are 3, 3, 3, 1; size 1 is full additive AttnRes, 10 one
+# block. mudd-last-1 trims to the last block, -4 (= L - 1) is every block; mudd-vr-last-3 both trims.
 SPECS = ["attn-res-additive", "attn-res-additive-block", "attn-res-additive-block-1", "attn-res-additive-block-3",
-         "attn-res-additive-block-10", "attn-res-additive-block-20", "mudd-last", "mudd-last-1", "mudd-last-4",
-         "mudd-vr", "mudd-vr-last", "mudd-vr-last-1", "mudd-vr-last-3", "hyper-connections-asym",
-         "hyper-connections-asym-2", "mhc-asym", "mhc-asym-3-2", "mhc-asym-2-20-1"]
+         "attn-res-additive-block-10", "mudd-last", "mudd-last-1", "mudd-last-4", "mudd-vr", "mudd-vr-last-1",
+         "mudd-vr-last-3", "hyper-connections-asym", "hyper-connections-asym-2", "mhc-asym", "mhc-asym-3-2"]
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -58,10 +57,12 @@ def test_matches_the_float64_reference(spec, kv, router, f64):
     ref = REFERENCES[parse_depth_mix(spec)[0].name](model, idx).run()
     (ref * target).sum().backward()
     ref_grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    # 1e-12 of each tensor's scale: randomised mixing weights give gradients up to ~1e4 (MUDD), whose rounding
+    # differences between the vectorised and the looped sums are ~1e-13 of that (measured), 1e-9 in absolute terms
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12 * ref.abs().max().item())
     assert grads.keys() == ref_grads.keys() == {n for n, _ in model.named_parameters()}  # every weight trains
     for n, g in ref_grads.items():
-        torch.testing.assert_close(grads[n], g, rtol=1e-12, atol=1e-12, msg=n)
+        torch.testing.assert_close(grads[n], g, rtol=1e-12, atol=1e-12 * max(1.0, g.abs().max().item()), msg=n)
 
 
 # -- additive Attention Residuals ----------------------------------------------------------------
@@ -100,7 +101,7 @@ def test_additive_attn_res_differs_from_attn_res_in_the_routing_only(f64):
     for spec, cls in (("attn-res-additive", AdditiveAttentionResiduals),
                       ("attn-res-additive-block-3", AdditiveBlockAttentionResiduals)):
         mix = build_model(tiny(spec, n_layers=3)).depth_mix
-        assert type(mix) is cls and mix.queries.shape == (5, 64) and not mix.queries.any()
+        assert isinstance(mix, cls) and mix.queries.shape == (5, 64) and not mix.queries.any()
         assert list(mix.readers()) == [1, 2, 3, 4, 5]
     assert list(build_model(tiny("attn-res", n_layers=3)).depth_mix.readers()) == list(range(7))
     torch.manual_seed(2)
@@ -163,7 +164,7 @@ def test_trimmed_mudd_layout_by_hand():
              "mudd-vr-last-1": (LastLayersValueResidualMUDDFormer, [2, 1], [4, 5], (1, 1, 64))}
     for spec, (cls, ways, sources, gains) in cases.items():
         mix = build_model(tiny(spec)).depth_mix
-        assert type(mix) is cls and mix.ways == ways, spec
+        assert isinstance(mix, cls) and mix.ways == ways, spec
         assert [tuple(b.shape) for b in mix.bias] == [(w, s) for w, s in zip(ways, sources)], spec
         assert [tuple(p.w2.shape) for p in mix.proj] == [(64, w * s) for w, s in zip(ways, sources)], spec
         assert tuple(mix.kv_gain.shape) == gains and torch.equal(mix.kv_gain, torch.ones(gains)), spec
@@ -184,7 +185,7 @@ def test_mudd_last_feeds_only_the_last_blocks(f64):
             _randomise(model.depth_mix)
         seen = []
         for b in model.blocks:
-            b.register_forward_hook(lambda _m, _i, o: seen.append(o.detach()))
+            b.register_forward_hook(lambda _m, _i, o, seen=seen: seen.append(o.detach()))
         model(torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(0)))
         outs[spec] = seen
     for l in (0, 1):
@@ -242,10 +243,12 @@ def test_asymmetric_streams_start_apart(spec, f64):
         torch.manual_seed(5)
         m = build_model(tiny(s, n_layers=3))
         streams = []
-        m.blocks[2].register_forward_hook(lambda _m, _i, o: streams.append(o.detach()))
+        m.blocks[2].register_forward_hook(lambda _m, _i, o, streams=streams: streams.append(o.detach()))
         m(torch.randint(0, 256, (2, 6), generator=torch.Generator().manual_seed(0)))
         spread = (streams[0] - streams[0].mean(-2, keepdim=True)).abs().max().item()
-        assert (spread > 1e-3) if "asym" in s else (spread < 1e-12), (s, spread)  # copy: identical to rounding
+        # copy: identical to rounding; offset: apart (mHC's H_res at init, exp(I) normalised, pulls the streams
+        # towards their mean by (e - 1) / (e + n - 1) per sublayer: measured 7e-4 after 3 layers at n = 3)
+        assert (spread > 1e-4) if "asym" in s else (spread < 1e-12), (s, spread)
 
 
 def test_the_default_stream_init_is_unchanged():

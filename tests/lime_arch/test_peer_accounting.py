@@ -88,7 +88,7 @@ def test_table16_relative_deltas(name):
 
 # -- the 2026 field ----------------------------------------------------------------------------
 N4 = 4 * (4 + 2)  # mHC's n(n+2) logits per sublayer at n = 4
-MUDD_HID = 64  # every dense-weight MLP of the tiny model: (h // 64 + 1) * 64 with h = 8, 12, 16 and 1 * 5 * 4 (vr: 2 ways)
+MUDD_HID = 64  # every dense-weight MLP of the tiny model: (h // 64 + 1) * 64 with h = 8, 12, 16, 1 * 5 * 4 (vr: 4..8)
 
 
 @pytest.mark.parametrize("spec,count", [
