@@ -16,9 +16,11 @@ multiply-accumulates of
     n*C*n(n+2) and the same width and depth connections per sublayer (its Sinkhorn rounds,
     O(iters n^2), are left out like a softmax; ``mhc-readout``'s learned readout n*C*n + n*C
     replaces the final sum); AttnRes's 2*C per source of every reader (scores
-    and weighted sum); MUDDFormer's dense-weight MLP C*h + h*ways*S and its mixtures ways*S*C
-    after each block; the gated residual's bottleneck 2*n*C*r, gated mean n*C, write scalars n*C*n and
-    write n*C per sublayer, and the output mixer's read 2*n*C*r + n*C.
+    and weighted sum; additive AttnRes reads with sublayers 1..2L-1 only); MUDDFormer's
+    dense-weight MLP C*h + h*ways*S and its mixtures ways*S*C after each block (trimmed: only
+    after the blocks that have dense weights, ways 2 with ``-vr``); the HC / mHC stream offsets
+    (``-asym``) are adds; the gated residual's bottleneck 2*n*C*r, gated mean n*C, write scalars
+    n*C*n and write n*C per sublayer, and the output mixer's read 2*n*C*r + n*C.
   - the dynamic router's scores, q . key for every routed head and source head (R * |S_l|R * Hd),
     beside its mixing of K and V (counted as full's).
 Norms, RoPE, softmax, sigmoid, GELU, tanh and residual adds are left out (O(d) per token).

@@ -34,11 +34,30 @@ of the sources, i.e. the baseline's residual stream value for the analysis hooks
 reads it. The weighted sums are chains of fused multiply-adds (no stacked copy of the sources per
 sublayer, which would save O(L^2) activations). Cached decoding is exact: the mixing is per
 token. The pseudo-queries take no weight decay (mixing vectors, like the router's weights).
+
+Additive Attention Residuals (``attn-res-additive``, ``attn-res-additive-block-<size>``; Delta
+AttnRes, arXiv 2605.18855 and its authors' code, wdlctc/delta-attention-residuals-code): the same
+sources and scores, but the mixture is added to the residual stream instead of replacing it,
+  h_k = x_k + sum_{i} a_{i,k} s_i   (k >= 1),   h_0 = x_0,   the final norm reads x_{2L},
+with x_k the plain residual stream (the running sum the decoder threads) and s_i sublayer k's
+sources as above (full: the embedding and every earlier output; block: the summaries and the
+partial sum). As in the authors' code (its ``delta`` mode) the first sublayer has no source of its
+own (its only one would be the embedding, already x_0) and the final norm reads the plain stream,
+so there are 2L - 1 pseudo-queries, one per sublayer 1..2L-1. Zero init, as AttnRes: the sources
+of sublayer k sum to x_k, so at step 0 it reads x_k (1 + 1/n_k), n_k its number of sources, which
+the pre-norm maps to RMSNorm(x_k) with eps / (1 + 1/n_k)^2: the baseline up to the norm eps (the
+residual stream survives, the paper's point; not bit for bit). Where this differs from the
+authors' code (docs/MODEL.md, deviations): their from-scratch runs draw the pseudo-queries from
+N(0, 0.02) (Hugging Face's Linear init; their fine-tuning and AttnRes: zero), their key norm has a
+learned gain (redundant, see above), and their block mode reads only the completed block deltas
+(no partial sum) with the new block's delta joining one sublayer late; here the block form reads
+exactly attn-res-block's sources, so it differs from it in the routing alone, as the paper frames
+it, and size 1 is ``attn-res-additive``.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from lime_arch.depth_mix.peers import _full_precision
 from lime_arch.depth_mix.registry import DepthMix, MixArg, register_depth_mix
@@ -52,16 +71,35 @@ class AttentionResiduals(DepthMix):
     """Full Attention Residuals: every sublayer and the final norm read a softmax mixture of the
     embedding and all earlier sublayer outputs (module docstring)."""
 
+    # False: h = the mixture (AttnRes); True: h = x + the mixture, sublayers 1..2L-1 only (Delta AttnRes)
+    additive: ClassVar[bool] = False
+
+    @classmethod
+    def n_queries(cls, n_layers: int) -> int:
+        """One pseudo-query per reader: every sublayer and the final norm, or (additive) sublayers 1..2L-1."""
+        return 2 * n_layers - 1 if cls.additive else 2 * n_layers + 1
+
     @classmethod
     def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
-        return (2 * n_layers + 1) * d_model  # one query per sublayer and the final norm
+        return cls.n_queries(n_layers) * d_model
 
     def __init__(self, **kw):
         import torch
         from torch import nn
 
         super().__init__(**kw)
-        self.queries = nn.Parameter(torch.zeros(2 * self.n_layers + 1, self.d_model))  # w_k; the last: final norm
+        # w_k of reader k (additive: row k - 1); replacement: the last row is the final norm's
+        self.queries = nn.Parameter(torch.zeros(self.n_queries(self.n_layers), self.d_model))
+
+    def readers(self) -> range:
+        """The readers k that mix their sources (k = 2L: the final norm)."""
+        return range(1, 2 * self.n_layers) if self.additive else range(2 * self.n_layers + 1)
+
+    def sublayer_input(self, k: int, x: Tensor, values: list[Tensor], keys: list[Tensor]) -> Tensor:
+        """What sublayer k reads: the mixture (replacement) or x plus the mixture (additive; sublayer 0: x)."""
+        if not self.additive:
+            return self.read(k, values, keys)
+        return x if k == 0 else x + self.read(k, values, keys)
 
     def key(self, v: Tensor) -> Tensor:
         """RMSNorm(v) without a gain, fp32 or wider: (B, T, C)."""
@@ -74,7 +112,7 @@ class AttentionResiduals(DepthMix):
         """sum_i softmax_i(w_k . keys_i) values_i: (B, T, C)."""
         import torch
 
-        w = self.queries[k]
+        w = self.queries[k - 1 if self.additive else k]
         with _full_precision(values[0]):
             logits = torch.stack([key @ w.to(key.dtype) for key in keys])  # (S, B, T)
             a = logits.softmax(0).to(values[0].dtype).unsqueeze(-1).unbind(0)  # S x (B, T, 1)
@@ -93,12 +131,12 @@ class AttentionResiduals(DepthMix):
         return x
 
     def sublayer(self, k: int, x: Tensor, fn: Callable[[Tensor], Tensor], memo: dict) -> Tensor:
-        v = fn(self.read(k, memo["values"], memo["keys"]))
+        v = fn(self.sublayer_input(k, x, memo["values"], memo["keys"]))
         self._push(v, memo)
-        return x + v  # the plain running sum (nothing reads it: module docstring)
+        return x + v  # the plain running sum (replacement: nothing reads it; module docstring)
 
     def end(self, x: Tensor, memo: dict) -> Tensor:
-        return self.read(2 * self.n_layers, memo["values"], memo["keys"])
+        return x if self.additive else self.read(2 * self.n_layers, memo["values"], memo["keys"])
 
     def sources(self, k: int) -> int:
         """How many sources sublayer k reads (k = 2L: the final norm)."""
@@ -107,7 +145,7 @@ class AttentionResiduals(DepthMix):
     def macs_per_token(self) -> int:
         """Per reader with S sources: S*C for the scores w . key and S*C for the weighted sum; the key
         norms, the softmax and the running sum are left out (norms and adds)."""
-        return sum(2 * self.sources(k) * self.d_model for k in range(2 * self.n_layers + 1))
+        return sum(2 * self.sources(k) * self.d_model for k in self.readers())
 
 
 @register_depth_mix("attn-res-block")
@@ -131,9 +169,9 @@ class BlockAttentionResiduals(AttentionResiduals):
         summaries, keys = memo["values"], memo["keys"]  # b_0 (the embedding) and the completed blocks
         partial = memo.get("partial")
         if partial is None:  # the block's first sublayer
-            h = self.read(k, summaries, keys)
+            h = self.sublayer_input(k, x, summaries, keys)
         else:
-            h = self.read(k, summaries + [partial], keys + [self.key(partial)])
+            h = self.sublayer_input(k, x, summaries + [partial], keys + [self.key(partial)])
         v = fn(h).to(summaries[0].dtype)
         partial = v if partial is None else partial + v
         last = k + 1 == 2 * self.n_layers or (k + 1) % self.size == 0
@@ -142,3 +180,19 @@ class BlockAttentionResiduals(AttentionResiduals):
             partial = None
         memo["partial"] = partial
         return x + v
+
+
+@register_depth_mix("attn-res-additive")
+class AdditiveAttentionResiduals(AttentionResiduals):
+    """Delta AttnRes: sublayer k >= 1 reads x_k plus the softmax mixture of the embedding and the
+    earlier sublayer outputs; the final norm reads the plain stream (module docstring)."""
+
+    additive = True
+
+
+@register_depth_mix("attn-res-additive-block")
+class AdditiveBlockAttentionResiduals(BlockAttentionResiduals):
+    """Delta Block: ``attn-res-block``'s sources (block summaries and the partial sum), their mixture
+    added to the residual stream (module docstring)."""
+
+    additive = True

@@ -46,6 +46,9 @@ stochastic H_res, and the sublayer reads c x with c = sum(H_pre) = sigmoid(1) + 
 pre-norm maps to RMSNorm(x) with eps/c^2; the final norm sees n x (eps/n^2), as with HC. So step 0
 is the baseline up to the norm eps (exactly for g = 2 only); the asymmetric b_pre breaks the
 streams' symmetry, as HC's a_m does (with symmetric biases the streams would stay identical).
+``mhc-asym`` (same arguments) also starts the streams apart, stream i as x + p_i with learned
+offsets (``hyper-connections-asym`` in ``lime_arch.depth_mix.peers``: arXiv 2606.03483's cure of
+stream collapse); not the baseline at step 0.
 
 Precision: the coefficients are computed in fp32 (or the streams' dtype if wider) with autocast
 off, as the paper prescribes; the streams mix in their own dtype (fp32 under bf16 autocast).
@@ -59,7 +62,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
-from lime_arch.depth_mix.peers import _full_precision
+from lime_arch.depth_mix.peers import _full_precision, expand_streams, stream_offsets
 from lime_arch.depth_mix.registry import DepthMix, MixArg, register_depth_mix
 
 if TYPE_CHECKING:
@@ -105,6 +108,8 @@ class ManifoldHyperConnections(DepthMix):
     positive: ClassVar[Callable[[Tensor], Tensor]] = staticmethod(_exp)
     # the final readout: False, the sum of the streams; True, DeepSeek-V4's learned weights
     learned_readout: ClassVar[bool] = False
+    # how the streams start: "copy" (the embedding output in each) or "offset" (``mhc-asym``)
+    stream_init: ClassVar[str] = "copy"
 
     def __init__(self, **kw):
         import torch
@@ -123,6 +128,8 @@ class ManifoldHyperConnections(DepthMix):
             self.readout_proj = nn.Parameter(torch.zeros(n * C, n))
             self.readout_gate = nn.Parameter(torch.full((1,), 0.01))
             self.readout_bias = nn.Parameter(torch.zeros(n))
+        if self.stream_init == "offset":
+            self.stream_offset = stream_offsets(n, C, self.std)
 
     @classmethod
     def check(cls, args: dict, n_layers: int) -> str | None:
@@ -135,7 +142,8 @@ class ManifoldHyperConnections(DepthMix):
     def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
         n, K = args["rate"], 2 * n_layers
         readout = n * d_model * n + 1 + n if cls.learned_readout else 0  # phi_out, a_out, b_out
-        return K * (n * d_model * n * (n + 2) + 3 + n * (n + 2)) + readout  # phi, the gates, the biases per sublayer
+        offsets = n * d_model if cls.stream_init == "offset" else 0
+        return K * (n * d_model * n * (n + 2) + 3 + n * (n + 2)) + readout + offsets  # phi, gates, biases per sublayer
 
     def decays(self, name: str) -> bool:
         return name.startswith("proj.") or name == "readout_proj"
@@ -156,7 +164,7 @@ class ManifoldHyperConnections(DepthMix):
             return pre, post, sinkhorn_knopp(res, self.iters)
 
     def begin(self, x: Tensor, memo: dict) -> Tensor:
-        return x.unsqueeze(-2).expand(*x.shape[:-1], self.rate, x.shape[-1])  # (B, T, n, C)
+        return expand_streams(x, self.rate, getattr(self, "stream_offset", None))  # (B, T, n, C)
 
     def sublayer(self, k: int, H: Tensor, fn: Callable[[Tensor], Tensor], memo: dict) -> Tensor:
         pre, post, res = (c.to(H.dtype) for c in self.coefficients(k, H))
@@ -208,3 +216,16 @@ class ReadoutManifoldHyperConnections(ManifoldHyperConnections):
     instead of summed; see the module docstring."""
 
     learned_readout = True
+
+
+@register_depth_mix("mhc-asym")
+class AsymmetricManifoldHyperConnections(ManifoldHyperConnections):
+    """mHC whose streams start apart, stream i as x + p_i with learned offsets p (n, C), N(0, std^2)
+    and centred over the streams at init: the symmetry breaking of arXiv 2606.03483 (stream
+    collapse), in the form ``hyper-connections-asym`` documents. Not the baseline at step 0. Unlike
+    HC's A_r = I, H_res at init (exp(I), normalised) pulls the streams towards their mean by a
+    factor (e - 1) / (e + n - 1) per sublayer, so at init the offsets' spread fades with depth
+    (0.02 to 7e-4 after 3 layers at n = 3) until H_res or the offsets learn otherwise."""
+
+    stream_init = "offset"
+    baseline_at_init = False

@@ -94,6 +94,23 @@ def _full_precision(t: Tensor):
     return torch.autocast(dev, enabled=False) if torch.is_autocast_enabled(dev) else nullcontext()
 
 
+def stream_offsets(n: int, d_model: int, std: float):
+    """The learned per-stream offsets of ``stream_init = "offset"`` (``hyper-connections-asym``,
+    ``mhc-asym``): (n, C), drawn N(0, std^2) and centred over the streams, so the streams' mean is
+    still the embedding output (their sum n x, what the final norm of the unmixed streams reads)."""
+    import torch
+    from torch import nn
+
+    p = torch.randn(n, d_model) * std
+    return nn.Parameter(p - p.mean(0, keepdim=True))
+
+
+def expand_streams(x: Tensor, n: int, offsets: Tensor | None) -> Tensor:
+    """The n streams (B, T, n, C) the residual starts as: x in each, plus the offsets if any."""
+    H = x.unsqueeze(-2).expand(*x.shape[:-1], n, x.shape[-1])
+    return H if offsets is None else H + offsets.to(x.dtype)
+
+
 @register_depth_mix("hyper-connections")
 class HyperConnections(DepthMix):
     """Dynamic Hyper-Connections (Zhu et al. 2024), expansion rate n (default 4, the paper's).
@@ -121,6 +138,9 @@ class HyperConnections(DepthMix):
     arguments = (MixArg("rate", 4),)
     rate: int
     dynamic: ClassVar[bool] = True
+    # how the streams start: "copy", the embedding output in each (the HC paper's), or "offset",
+    # plus a learned per-stream offset (``hyper-connections-asym``)
+    stream_init: ClassVar[str] = "copy"
 
     def __init__(self, **kw):
         import torch
@@ -137,12 +157,15 @@ class HyperConnections(DepthMix):
         if self.dynamic:
             self.proj = nn.ParameterList([nn.Parameter(torch.zeros(self.d_model, n + 2)) for _ in range(K)])
             self.scale = nn.Parameter(torch.full((K, 2), 0.01))  # (s_a, s_b) per sublayer
+        if self.stream_init == "offset":
+            self.stream_offset = stream_offsets(n, self.d_model, self.std)
 
     @classmethod
     def param_count(cls, args: dict, *, n_layers: int, d_model: int) -> int:
         n, K = args["rate"], 2 * n_layers
         static = K * n * (n + 1) + K * n  # alpha, beta per sublayer
-        return static + (K * d_model * (n + 2) + 2 * K if cls.dynamic else 0)  # W, (s_a, s_b)
+        offsets = n * d_model if cls.stream_init == "offset" else 0
+        return static + offsets + (K * d_model * (n + 2) + 2 * K if cls.dynamic else 0)  # W, (s_a, s_b)
 
     def decays(self, name: str) -> bool:
         return name.startswith("proj.")
@@ -171,7 +194,7 @@ class HyperConnections(DepthMix):
         return alpha + s[0] * d[..., :n + 1], beta + s[1] * d[..., n + 1]
 
     def begin(self, x: Tensor, memo: dict) -> Tensor:
-        return x.unsqueeze(-2).expand(*x.shape[:-1], self.rate, x.shape[-1])  # (B, T, n, C)
+        return expand_streams(x, self.rate, getattr(self, "stream_offset", None))  # (B, T, n, C)
 
     def sublayer(self, k: int, H: Tensor, fn: Callable[[Tensor], Tensor], memo: dict) -> Tensor:
         alpha, beta = self._weights(k, H)
@@ -226,6 +249,22 @@ class CorlHyperConnections(HyperConnections):
 
         Hf = H.to(torch.promote_types(H.dtype, torch.float32))
         return F.layer_norm(Hf, Hf.shape[-1:], eps=self.norm_eps).type_as(H)  # (B, T, n, C)
+
+
+@register_depth_mix("hyper-connections-asym")
+class AsymmetricHyperConnections(HyperConnections):
+    """Dynamic Hyper-Connections whose streams start apart: stream i starts as x + p_i, with p (n, C)
+    learned, N(0, std^2) at init (std the model's init std, the embedding's scale) and centred over
+    the streams. Stream collapse (arXiv 2606.03483: the streams' permutation symmetry resolved
+    into one dominant stream, H_res staying near the identity) is cured there by breaking the
+    streams' symmetry at initialisation; the paper's abstract does not give its scheme, so this
+    one is derived: a perturbation of the starting streams (not of the weights, which HC's a_m =
+    e_{k mod n} already makes asymmetric), the smallest change that makes the streams differ,
+    learned so that training can keep or undo it. Not the baseline at step 0: sublayer k reads
+    x + p_{k mod n} (the offsets take no weight decay, like the static weights)."""
+
+    stream_init = "offset"
+    baseline_at_init = False
 
 
 @register_depth_mix("value-residual")

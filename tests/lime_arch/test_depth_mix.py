@@ -32,8 +32,9 @@ def tiny(depth_mix, router="none", kv=4, **kw):
 # -- the registry -------------------------------------------------------------------------------
 def test_registry_lists_the_paper_peers_and_the_field_in_order():
     assert SPECS == ["none", "denseformer", "hyper-connections", "hyper-connections-static", "hyper-connections-corl",
-                     "value-residual", "value-residual-learned", "attn-res", "attn-res-block", "gated-residual", "mhc",
-                     "mhc-sigmoid", "mhc-readout", "mudd"]
+                     "hyper-connections-asym", "value-residual", "value-residual-learned", "attn-res", "attn-res-block",
+                     "attn-res-additive", "attn-res-additive-block", "gated-residual", "mhc", "mhc-sigmoid",
+                     "mhc-readout", "mhc-asym", "mudd", "mudd-last", "mudd-vr", "mudd-vr-last"]
 
 
 @pytest.mark.parametrize("spec,cls,args", [
@@ -50,11 +51,13 @@ def test_spec_strings_and_defaults(spec, cls, args):
 @pytest.mark.parametrize("spec,message", [
     ("densformer", "model.depth_mix: unknown depth mix 'densformer'; registered: none, "
                    "denseformer[-<dilation>[-<period>]], hyper-connections[-<rate>], "
-                   "hyper-connections-static[-<rate>], hyper-connections-corl[-<rate>], value-residual, "
-                   "value-residual-learned, attn-res, attn-res-block[-<size>], gated-residual[-<rate>[-<rank>]], "
-                   "mhc[-<rate>[-<iters>[-<post_gain>]]], "
-                   "mhc-sigmoid[-<rate>[-<iters>[-<post_gain>]]], mhc-readout[-<rate>[-<iters>[-<post_gain>]]], "
-                   "mudd"),
+                   "hyper-connections-static[-<rate>], hyper-connections-corl[-<rate>], "
+                   "hyper-connections-asym[-<rate>], value-residual, value-residual-learned, attn-res, "
+                   "attn-res-block[-<size>], attn-res-additive, attn-res-additive-block[-<size>], "
+                   "gated-residual[-<rate>[-<rank>]], "
+                   "mhc[-<rate>[-<iters>[-<post_gain>]]], mhc-sigmoid[-<rate>[-<iters>[-<post_gain>]]], "
+                   "mhc-readout[-<rate>[-<iters>[-<post_gain>]]], mhc-asym[-<rate>[-<iters>[-<post_gain>]]], "
+                   "mudd, mudd-last[-<last>], mudd-vr, mudd-vr-last[-<last>]"),
     ("denseformer-0", "model.depth_mix: 'denseformer-0' needs a positive integer for dilation, got 0"),
     ("denseformer-1-0", "model.depth_mix: 'denseformer-1-0' needs a positive integer for period, got 0"),
     ("denseformer-1.5", "model.depth_mix: 'denseformer-1.5' needs a positive integer for dilation, got 1.5"),

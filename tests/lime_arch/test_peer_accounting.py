@@ -88,7 +88,7 @@ def test_table16_relative_deltas(name):
 
 # -- the 2026 field ----------------------------------------------------------------------------
 N4 = 4 * (4 + 2)  # mHC's n(n+2) logits per sublayer at n = 4
-MUDD_HID = 64  # every dense-weight MLP of the tiny model: (h // 64 + 1) * 64 with h = 8, 12, 16 and 1 * 5 * 4
+MUDD_HID = 64  # every dense-weight MLP of the tiny model: (h // 64 + 1) * 64 with h = 8, 12, 16, 1 * 5 * 4 (vr: 4..8)
 
 
 @pytest.mark.parametrize("spec,count", [
@@ -102,6 +102,18 @@ MUDD_HID = 64  # every dense-weight MLP of the tiny model: (h // 64 + 1) * 64 wi
     ("attn-res-block-3", (2 * L + 1) * C),
     # per block i: W1 (C, 64), W2 (64, ways (i+2)), b (ways, i+2); then the K/V gains (2 C) of blocks 1..L-1
     ("mudd", sum(C * MUDD_HID + (MUDD_HID + 1) * w * (i + 2) for i, w in enumerate([4, 4, 4, 1])) + (L - 1) * 2 * C),
+    # issue 36: a pseudo-query per sublayer 1..2L-1 (sublayer 0 and the final norm read the plain stream)
+    ("attn-res-additive", (2 * L - 1) * C),
+    ("attn-res-additive-block-3", (2 * L - 1) * C),
+    # HC / mHC plus the per-stream offsets (n, C)
+    ("hyper-connections-asym", 2 * L * (C * 6 + 4 * 5 + 4 + 2) + 4 * C),
+    ("mhc-asym", 2 * L * (4 * C * N4 + N4 + 3) + 4 * C),
+    ("mhc-asym-2-5", 2 * L * (2 * C * 8 + 8 + 3) + 2 * C),
+    # trimmed MUDD, (block i, ways): dense weights after blocks 1, 2 (4 ways) and 3 (1); (g_k, g_v) of blocks 2, 3
+    ("mudd-last", sum(C * MUDD_HID + (MUDD_HID + 1) * w * (i + 2) for i, w in [(1, 4), (2, 4), (3, 1)]) + 2 * 2 * C),
+    # value and residual ways only: 2 ways, and g_v alone for blocks 1..3
+    ("mudd-vr", sum(C * MUDD_HID + (MUDD_HID + 1) * w * (i + 2) for i, w in enumerate([2, 2, 2, 1])) + 3 * C),
+    ("mudd-vr-last-1", sum(C * MUDD_HID + (MUDD_HID + 1) * w * (i + 2) for i, w in [(2, 2), (3, 1)]) + C),
 ])
 def test_field_parameter_counts_by_hand(spec, count):
     assert _mix_params(spec) == count
@@ -118,6 +130,15 @@ def test_field_parameter_counts_by_hand(spec, count):
     ("attn-res", 2 * C * sum(range(1, 2 * L + 2))),  # reader k has k + 1 sources, the final norm 2L + 1
     ("attn-res-block-3", 2 * C * (1 + 2 + 2 + 2 + 3 + 3 + 3 + 4 + 4)),  # blocks {0, 1, 2}, {3, 4, 5}, {6, 7}
     ("mudd", sum(C * MUDD_HID + MUDD_HID * w * (i + 2) + w * (i + 2) * C for i, w in enumerate([4, 4, 4, 1]))),
+    # issue 36: readers 1..2L-1 only (sublayer k reads k + 1 sources); blocks of 3: sources 2, 2, 2, 3, 3, 3, 4
+    ("attn-res-additive", 2 * C * sum(range(2, 2 * L + 1))),
+    ("attn-res-additive-block-3", 2 * C * (2 + 2 + 2 + 3 + 3 + 3 + 4)),
+    # the offsets are adds (left out): HC's and mHC's counts
+    ("hyper-connections-asym", 2 * L * (4 * C * 6 + 4 * C + 16 * C + 4 * C) + 3 * C),
+    ("mhc-asym", 2 * L * (4 * C * N4 + 4 * C + 16 * C + 4 * C) + 3 * C),
+    ("mudd-last", sum(C * MUDD_HID + MUDD_HID * w * (i + 2) + w * (i + 2) * C for i, w in [(1, 4), (2, 4), (3, 1)])),
+    ("mudd-vr", sum(C * MUDD_HID + MUDD_HID * w * (i + 2) + w * (i + 2) * C for i, w in enumerate([2, 2, 2, 1]))),
+    ("mudd-vr-last-1", sum(C * MUDD_HID + MUDD_HID * w * (i + 2) + w * (i + 2) * C for i, w in [(2, 2), (3, 1)])),
 ])
 def test_field_flops_by_hand(spec, macs):
     f, base = flops_per_token(preset("tiny", depth_mix=spec), 64), flops_per_token(preset("tiny"), 64)

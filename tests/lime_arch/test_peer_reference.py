@@ -7,6 +7,7 @@ hide most of the mixing). Logits and every gradient at 1e-9, MHA and GQA, with t
 full router (the composition). Every registered depth mix needs an entry in REFERENCES."""
 import math
 
+import field_references as field
 import pytest
 import torch
 import torch.nn.functional as F
@@ -285,12 +286,31 @@ class GatedResidualRef(GatedResidualSteps, Ref):
     """Qwen's gated residual streams: tests/lime_arch/gated_reference.py."""
 
 
+class AdditiveAttnResRef(field.AdditiveAttnRes, Ref):
+    """Delta AttnRes, full and block (field_references.py)."""
+
+
+class TrimmedMUDDRef(field.TrimmedMUDD, Ref):
+    """MUDDFormer trimmed to the last k blocks and/or the value and residual ways (field_references.py)."""
+
+
+class OffsetHyperConnectionsRef(field.OffsetStreams, HyperConnectionsRef):
+    """HC whose streams start as x + p_i (field_references.py)."""
+
+
+class OffsetMHCRef(field.OffsetStreams, MHCRef):
+    """mHC whose streams start as x + p_i (field_references.py)."""
+
+
 REFERENCES = {"none": Ref, "denseformer": DenseFormerRef, "hyper-connections": HyperConnectionsRef,
               "hyper-connections-static": HyperConnectionsRef, "hyper-connections-corl": CorlHyperConnectionsRef,
               "value-residual": ValueResidualRef, "value-residual-learned": LearnedValueResidualRef,
               "mhc": MHCRef, "mhc-sigmoid": SigmoidMHCRef, "mhc-readout": ReadoutMHCRef,
               "attn-res": AttnResRef, "attn-res-block": BlockAttnResRef,
-              "mudd": MUDDRef, "gated-residual": GatedResidualRef}
+              "mudd": MUDDRef, "gated-residual": GatedResidualRef,
+              "attn-res-additive": AdditiveAttnResRef, "attn-res-additive-block": AdditiveAttnResRef,
+              "mudd-last": TrimmedMUDDRef, "mudd-vr": TrimmedMUDDRef, "mudd-vr-last": TrimmedMUDDRef,
+              "hyper-connections-asym": OffsetHyperConnectionsRef, "mhc-asym": OffsetMHCRef}
 # At 5 layers (10 sublayers) attn-res-block's default size 4 makes blocks of 4, 4, 2 and size 3 of 3, 3, 3, 1;
 # size 1 is full AttnRes; sizes 10 and 20 are one block (every sublayer reads the embedding and the partial sum).
 # mHC at 1-3 Sinkhorn rounds: where the order of the normalisations (columns, then rows) matters most.

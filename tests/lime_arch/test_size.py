@@ -12,6 +12,8 @@ from lime_arch.size import dense_param_counts, depth_mix_params, min_params
 SPECS = sorted(set(depth_mix_specs()) | {"denseformer-2", "denseformer-2-2", "denseformer-1-2", "hyper-connections-3",
                                          "hyper-connections-static-2", "hyper-connections-corl-5", "mhc-3-5",
                                          "mhc-sigmoid-2", "mhc-readout-3-5", "attn-res-block-3",
+                                         "attn-res-additive-block-3", "mudd-last-1", "mudd-vr-last-3", "mhc-asym-3-5",
+                                         "hyper-connections-asym-2",
                                          "value-residual-learned"})
 
 
