@@ -6,9 +6,9 @@ import csv
 from pathlib import Path
 
 CSV_FIELDS = ["router", "impl", "depth_mix", "compile", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio",
-              "ratio_lo", "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict", "decided",
-              "peak_mb", "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops", "step_gflops",
-              "gemm_pct", "roofline_gflops", "body_gflops",
+              "ratio_lo", "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict",
+              "decided", "peak_mb", "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops",
+              "step_gflops", "gemm_pct", "roofline_gflops", "body_gflops",
               "routing_mb", "bw_gbs", "bw_floor_pct", "kept_mb", "transient_mb", "static_twin", "reps"]
 DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "ratio_lo", "ratio_hi", "reps",
                  "kv_bytes"]

@@ -4,7 +4,9 @@ Every variant's step runs between two ``none`` steps (none, v1, none, v2, none, 
 rotating each round); a variant's ratio is its time over the mean of the two ``none`` steps
 around it, which cancels the machine's drift (on the dev VM the same matmul runs 15% faster or
 slower for seconds at a time). The reported ratio is the median over rounds, with the
-distribution-free (sign-test) confidence interval of that median.
+distribution-free (sign-test) confidence interval of that median; with a stopping rule
+(``stopping``), rounds are added only until each row's interval decides its target, and the
+interval is the anytime-valid sign confidence sequence.
 """
 from __future__ import annotations
 

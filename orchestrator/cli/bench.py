@@ -128,7 +128,8 @@ def options(a: argparse.Namespace) -> dict:
 
 def _rounds(a: argparse.Namespace, shapes) -> dict:
     """The stopping options of ``run_bench`` (``--headline``, ``--max-rounds``, ``--fixed-rounds``), checked."""
-    headline, cap, fixed = getattr(a, "headline", False), getattr(a, "max_rounds", None), getattr(a, "fixed_rounds", False)
+    headline, cap = getattr(a, "headline", False), getattr(a, "max_rounds", None)
+    fixed = getattr(a, "fixed_rounds", False)
     if headline and (a.shapes or a.quick):
         raise ConfigError("bench.headline: picks its own shapes; drop --shapes and --quick")
     if cap is not None and (cap < 1 or fixed):
