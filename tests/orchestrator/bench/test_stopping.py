@@ -140,3 +140,25 @@ def test_headline_options():
                        (("--max-rounds", "0"), "bench.max_rounds")):
         with pytest.raises(ConfigError, match=field):
             kw(*bad)
+
+
+def test_a_small_adaptive_run_reports_its_rounds_sides_and_gemm_rate(tmp_path):
+    """Not quick (so the stopping rule runs), but two layers, three variants, no memory or decode:
+    seconds. The cap is the rule's 7: every variant runs 7 rounds; depth mixes only at other shapes."""
+    from orchestrator.bench.suite import run_bench
+
+    torch.set_default_dtype(torch.float32)
+    sh = Shape("L2-MHA", 2, 8, 3)
+    out = run_bench(tmp_path, shapes=(sh,), routers=("full",), depth_mixes=("denseformer",), memory=False,
+                    decode=False, caps={"L2-MHA": 2}, depth_mix_shapes=())
+    rows = {r["label"]: r for r in out["rows"]}
+    assert set(rows) == {"none", "full", "full/concat"}  # no depth-mix rows at this shape
+    assert rows["full"]["reps"] == rows["full/concat"]["reps"] == 7  # a cap below 7 is raised to 7
+    f, t = rows["full"], 1 + rows["full"]["target_pct"] / 100  # real timings: any side, but the right one
+    want = "meets" if f["ratio_hi"] <= t else "misses" if f["ratio_lo"] > t else "undecided"
+    assert f["decided"] == want and rows["full/concat"]["decided"] == "-"
+    lo, hi = Stopping(7).interval([1.0] * 7)
+    assert rows["full"]["ratio_lo"] <= rows["full"]["ratio"] <= rows["full"]["ratio_hi"] and lo == hi == 1.0
+    assert out["machine"]["gemm_gflops"] > 0 and out["machine"]["rounds"] == "L2-MHA <= 7"
+    md = (tmp_path / "bench.md").read_text()
+    assert "large GEMM (512^3" in md and "% GEMM" in md
