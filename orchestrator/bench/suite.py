@@ -105,6 +105,7 @@ class _Setup:
     caps: dict | None = None  # shape name -> most paired rounds (adaptive: ``stopping``); None: fixed Shape.reps
     mix_shapes: frozenset[str] | None = None  # the shapes that get the depth-mix rows (None: all)
     memory_compiled: bool = True  # peak memory of the compiled rows too (each case compiles again)
+    compile_mixes: bool = True  # compiled rows of the depth mixes too
 
     def case(self, cfg, with_amp: bool = True, compile_mode: str | None = None) -> dict:
         """A memory worker's case (JSON-able); the quick run's in-process cases leave out ``amp``."""
@@ -192,12 +193,14 @@ def _shape_rows(s: _Setup, sh: Shape, labels: list[str], memory_on: bool) -> lis
                                               "flop_overhead_pct": 100 * flop_overhead(cfg, s.seq)}))
                for lab, cfg in cfgs.items() for r, i, d in [split_label(lab)]}
     rule = None if s.quick or s.caps is None else Stopping(s.caps.get(sh.name, sh.reps))
-    timed = {mode: time_shape(sh, labels, s.dev, s.threads, s.amp, s.batch, s.seq,
+    def of(mode):  # the labels timed in a mode: compiled depth mixes only if asked (each a cold Inductor build)
+        return [lab for lab in labels if mode is None or s.compile_mixes or split_label(lab)[2] == "none"]
+    timed = {mode: time_shape(sh, of(mode), s.dev, s.threads, s.amp, s.batch, s.seq,
                               warmup=1 if s.quick or sh.n_layers >= 64 else 2, hwm=s.quick and memory_on,
                               compile_mode=mode, rule=rule, targets=targets) for mode in modes}
     reps = 1 if s.quick else max(3, 160 // sh.n_layers)
     alone = time_alone(cfgs, s.batch, s.seq, s.dev, reps, clock(s.dev, s.threads)[0])
-    rows = [_row(s, sh, lab, cfg, timed[mode], alone[lab], mode) for mode in modes for lab, cfg in cfgs.items()]
+    rows = [_row(s, sh, lab, cfgs[lab], timed[mode], alone[lab], mode) for mode in modes for lab in of(mode)]
     twins = static_twins(labels, sh, cfgs["none"].head_dim)
     for r in rows:
         if r["label"] in twins:
@@ -232,7 +235,8 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
               depth_mixes: Sequence[str] | None = None, compile: str | None = None,
               compile_shapes: Sequence[str] | None = None, steady_heap: bool = False,
               caps: dict[str, int] | None = None, fixed_rounds: bool = False,
-              depth_mix_shapes: Sequence[str] | None = None, memory_compiled: bool = True) -> dict:
+              depth_mix_shapes: Sequence[str] | None = None, memory_compiled: bool = True,
+              compile_depth_mixes: bool = True) -> dict:
     """Run the benchmark, write ``bench.md``, ``bench.csv`` and ``decode.csv`` under ``out_dir``.
 
     ``routers``: router specs (default: every registered router, ``shapes.bench_routers``); ``none``
@@ -242,7 +246,8 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     until every row's interval decides its target or is narrow enough (``stopping``), at most
     ``caps[shape name]`` (default: the shape's ``reps``, at least the rule's 7); ``fixed_rounds``: exactly
     ``reps`` rounds and fixed-n intervals, as before. ``memory_compiled=False``: peak memory of the
-    eager rows only (a compiled case compiles again in its subprocess). ``quick``: tiny shapes,
+    eager rows only (a compiled case compiles again in its subprocess); ``compile_depth_mixes=False``:
+    the depth mixes eager only (each compiled variant is a cold Inductor build). ``quick``: tiny shapes,
     one repetition, memory in-process except one subprocess case. ``compile``: a torch.compile mode
     (``default``, ``reduce-overhead``; None or ``none``: eager only) whose rows are added beside the
     eager ones, at the shapes named in ``compile_shapes`` (default: ``shapes.COMPILE_SHAPES``, the paper's
@@ -270,7 +275,8 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     s = _Setup(dev, threads, dev.type == "cuda", quick, batch, seq, mem.measure_bandwidth(32 if quick else 256),
                None if compile in (None, "none") else compile, frozenset(compile_shapes or ()),
                large_gemm_gflops(reps=3 if quick else 20), None if fixed_rounds else caps,
-               None if depth_mix_shapes is None else frozenset(depth_mix_shapes), memory_compiled)
+               None if depth_mix_shapes is None else frozenset(depth_mix_shapes), memory_compiled,
+               compile_depth_mixes)
     # quick: the subprocess path once, for the first shape's none, overlapping the timing
     sub = mem.start_subprocess(s.case(bench_cfg(shapes[0], "none", dev, seq))) if memory and quick else None
     rows = [row for sh in shapes for row in _shape_rows(s, sh, labels, memory)]

@@ -56,7 +56,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "default routers every learned one)")
     ap.add_argument("--headline", action="store_true",
                     help="the headline table (make bench): " + ",".join(HEADLINE_SHAPES) + ", depth mixes at "
-                    + ",".join(HEADLINE_MIX_SHAPES) + " only, round caps " + ",".join(
+                    + ",".join(HEADLINE_MIX_SHAPES) + " only and eager only, round caps " + ",".join(
                         f"{k}:{v}" for k, v in HEADLINE_CAPS.items()) + ", peak memory of the eager rows only")
     ap.add_argument("--max-rounds", type=int, metavar="N",
                     help="at most N paired rounds per shape (rows stop earlier once their interval decides "
@@ -137,7 +137,7 @@ def _rounds(a: argparse.Namespace, shapes) -> dict:
     out: dict = {"fixed_rounds": fixed}
     if headline:
         out.update(shapes=tuple(SHAPES_BY_NAME[n] for n in HEADLINE_SHAPES), caps=dict(HEADLINE_CAPS),
-                   depth_mix_shapes=HEADLINE_MIX_SHAPES, memory_compiled=False)
+                   depth_mix_shapes=HEADLINE_MIX_SHAPES, memory_compiled=False, compile_depth_mixes=False)
     if cap is not None:
         names = HEADLINE_SHAPES if headline else [sh.name for sh in shapes or SHAPES_BY_NAME.values()]
         out["caps"] = {n: cap for n in names}

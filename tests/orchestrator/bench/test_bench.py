@@ -135,3 +135,15 @@ def test_compiled_rows_only_at_the_compile_shapes(tmp_path, monkeypatch):
     got = {(r["shape"], r["compile"]) for r in out["rows"]}
     assert got == {("L3-MHA", "eager"), ("L3-GQA", "eager"), ("L3-GQA", "default")}
     assert out["machine"]["compile_shapes"] == "L3-GQA"
+
+
+def test_depth_mixes_eager_only_when_asked(tmp_path, monkeypatch):
+    """``compile_depth_mixes=False`` (the headline run): the depth mixes' rows are eager only, the
+    routers' are eager and compiled."""
+    real = torch.compile
+    monkeypatch.setattr(step.torch, "compile", lambda model, mode=None: real(model, backend="aot_eager"))
+    out = run_bench(out_dir=tmp_path, quick=True, shapes=QUICK_SHAPES[1:], routers=("first-4",), decode=False,
+                    memory=False, depth_mixes=("denseformer",), compile="default", compile_depth_mixes=False)
+    got = {(r["label"], r["compile"]) for r in out["rows"]}
+    assert got == {(lab, mode) for lab in ("none", "first-4", PEER) for mode in ("eager", "default")} | \
+        {("none+denseformer", "eager")}

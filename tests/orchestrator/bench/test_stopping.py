@@ -134,6 +134,7 @@ def test_headline_options():
     assert [sh.name for sh in h["shapes"]] == ["L16-MHA", "L16-GQA", "L64-MHA"]
     assert h["caps"] == HEADLINE_CAPS and h["depth_mix_shapes"] == ("L16-MHA", "L16-GQA")
     assert h["memory_compiled"] is False and h["compile_shapes"] == ("L16-MHA", "L16-GQA")
+    assert h["compile_depth_mixes"] is False
     assert kw("--max-rounds", "9", "--shapes", "L64-MHA")["caps"] == {"L64-MHA": 9}
     assert kw("--fixed-rounds")["fixed_rounds"] is True and "caps" not in kw()
     for bad, field in ((("--headline", "--shapes", "L16-MHA"), "bench.headline"),
