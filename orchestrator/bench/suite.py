@@ -2,7 +2,8 @@
 
 For every router and shape (``shapes.py``) it measures, against the ``none`` baseline of the same
 shape and in the same process: the training step time (``timing.py``: paired, interleaved
-repetitions on one shared decoder body), the routing alone outside the model (``alone.py``), the
+repetitions on one shared decoder body, added until each row's interval decides its target or is
+narrow enough, ``stopping.py``), the routing alone outside the model (``alone.py``), the
 peak memory of one step (``memory.py``: a fresh subprocess per case on CPU), the analytic forward
 FLOPs per token and routing overhead (``lime_arch.accounting``) and the bytes the routing moves
 per step at the measured bandwidth; the same for the naive peer (full routing with
