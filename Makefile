@@ -17,12 +17,14 @@ SHUFFLE_SEED ?=
 SEED         := $(or $(SHUFFLE_SEED),$(shell od -An -N3 -tu4 /dev/urandom | tr -d " "))
 FAST_TESTS   := -m "not slow and not cluster"
 XDIST        := -n $(TEST_WORKERS) --dist $(TEST_DIST)
-# `make bench` adds compiled rows (the paper's Table 17 setting); BENCH_ARGS= for eager only
-BENCH_ARGS ?= --compile default
+# `make bench`: the headline table (L16 MHA/GQA eager and compiled, L64-MHA eager; rows stop once their
+# interval decides their target; ~20 min alone on 2 cores, docs/BENCH.md); `make bench-full`: every shape
+BENCH_ARGS ?= --headline --compile default
+BENCH_FULL_ARGS ?= --compile default
 REFUSAL_ARGS ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install lint test test-shuffled test-cluster test-all gpu-check dashboard-check sweep report bench refusal-bench mlflow-ui clean
+.PHONY: install lint test test-shuffled test-cluster test-all gpu-check dashboard-check sweep report bench bench-full refusal-bench mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -70,6 +72,9 @@ report: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/lime bench $(BENCH_ARGS)
+
+bench-full: $(STAMP)
+	$(BIN)/lime bench $(BENCH_FULL_ARGS)
 
 # how fast the CLI refuses malformed sweep files and trial configs, as a ratio to `lime --help`
 # (wall-clock: run it alone on the machine; REFUSAL_ARGS=--rounds 10 for more)

@@ -24,7 +24,8 @@ ALLOWED = {
     "engine": {"core", "tasks", "analysis", "model"},
     "evaluation": {"core", "engine", "tasks", "model"},
     "export": {"core", "engine", "evaluation", "model"},
-    "bench": {"core", "model"},
+    # decide: the benchmark's paired rounds stop on the project's sign confidence sequence (decide.signs)
+    "bench": {"core", "model", "decide"},
     "decide": {"core", "model.errors"},
     "sweep": {"core", "decide", "engine", "evaluation", "tasks", "model"},
     "report": {"core", "decide", "analysis.torchfree", "model.errors"},
@@ -45,7 +46,8 @@ TORCH_FREE = ("orchestrator.core", "orchestrator.decide", "orchestrator.report",
               "orchestrator.analysis.plots", "orchestrator.tasks", "lime_arch.errors", "lime_arch.specs",
               "lime_arch.size", "orchestrator.cli.bench",
               "orchestrator.bench.shapes", "orchestrator.bench.targets",
-              "orchestrator.bench.outputs", "orchestrator.evaluation.suites", "orchestrator.evaluation.settings",
+              "orchestrator.bench.outputs", "orchestrator.bench.stopping",
+              "orchestrator.evaluation.suites", "orchestrator.evaluation.settings",
               *VALIDATION)
 MAX_LINES = 400
 

@@ -6,6 +6,7 @@ Run it with ``lime bench`` (``--no-track`` to skip MLflow). Modules, bottom up:
   memory   peak memory of a step (subprocess worker), memory bandwidth, routing traffic
   alone    the routing's forward and backward outside the model
   timing   paired step and decode timing against ``none``, sign-test intervals
+  stopping when a row stops adding paired rounds: its sign confidence sequence decides its target (torch-free)
   targets  the targets and verdicts (torch-free)
   outputs  bench.md, bench.csv, decode.csv (torch-free)
   run      ``run_bench``: all of the above, in order

@@ -7,7 +7,8 @@ from pathlib import Path
 
 CSV_FIELDS = ["router", "impl", "depth_mix", "compile", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio",
               "ratio_lo", "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict",
-              "peak_mb", "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops", "body_gflops",
+              "decided", "peak_mb", "mem_ratio", "step_mb", "flops_per_token", "alone_pct", "routing_gflops",
+              "step_gflops", "gemm_pct", "roofline_gflops", "body_gflops",
               "routing_mb", "bw_gbs", "bw_floor_pct", "kept_mb", "transient_mb", "static_twin", "reps"]
 DECODE_FIELDS = ["router", "shape", "batch", "new_tokens", "tok_s", "ratio", "ratio_lo", "ratio_hi", "reps",
                  "kv_bytes"]
@@ -42,6 +43,9 @@ def _machine(info: dict) -> list[str]:
              f"{', '.join(f'{x:.1f}' for x in info['load_end'])} |")
     L.append(f"| batch x sequence, vocab | {info['batch']} x {info['seq']}, {info['vocab']} |")
     L.append(f"| torch.compile rows | {info.get('compile', 'none')} at {info.get('compile_shapes', '-')} |")
+    if info.get("gemm_gflops"):
+        L.append(f"| large GEMM (512^3 fp32 matmul, same threads) | {info['gemm_gflops']:.1f} GFLOP/s |")
+    L.append(f"| paired rounds (cap per shape; rows stop once decided) | {info.get('rounds', 'fixed')} |")
     L.append(f"| run time | {info['seconds']:.0f} s |")
     return L
 
@@ -62,7 +66,14 @@ def _method(info: dict) -> str:
             "takes at the measured memory bandwidth (between writing a slot and reading it, the layers' weights "
             "pass through the caches), as a share of `none`'s step. `alone %`: the routing's forward and backward "
             "outside the model (same shapes, minus `none`'s), as a share of `none`'s step; `routing GFLOP/s`: "
-            "3 x its forward FLOPs over that time. "
+            "3 x its forward FLOPs over that time (a direct timing of the routing ops), `% GEMM` that rate over the "
+            "large GEMM's in the same run, `in-step GFLOP/s` the routing's and depth mix's training FLOPs over "
+            "their time inside the step (none's step x (ratio - 1), paired); `roofline GFLOP/s` (csv) is the "
+            "rate at which the routing's traffic alone would take all its time at the measured bandwidth, "
+            "capped at the GEMM's. `rounds`: paired rounds timed; unless the run asked for fixed rounds a row "
+            "stops once the sign confidence sequence of its median ratio (anytime-valid, 95%) lies on one "
+            "side of its target (`decided`: meets / misses; `undecided` at the cap) or, without a target, "
+            "is at most 0.04 wide, and `95% CI` is that sequence. "
             "Rows with a `depth mix` are the paper's peer architectures over the none router (Table 17: "
             "DenseFormer, Hyper-Connections), without a target; their `FLOP %` is the depth mix's own FLOPs. "
             "Optimizer: AdamW with lime_arch's parameter groups, fused kernel. "
@@ -75,17 +86,19 @@ def _method(info: dict) -> str:
 def _step_table(rows: list[dict]) -> list[str]:
     L = ["## Training step (like the paper's Table 17)", "",
          "| router | depth mix | shape | impl | compile | step ms | wall ms | ratio | 95% CI | ratio (min) | "
-         "overhead % | FLOP % | target % | verdict | alone % | routing GFLOP/s | peak MB | mem ratio | routing MB | "
-         "bw floor % |",
-         "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+         "overhead % | FLOP % | target % | verdict | decided | rounds | alone % | routing GFLOP/s | % GEMM | "
+         "in-step GFLOP/s | peak MB | mem ratio | routing MB | bw floor % |",
+         "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+         "---:|"]
     for r in rows:
         L.append(f"| {r['router']} | {r.get('depth_mix', 'none')} | {r['shape']} | {r['impl']} | "
                  f"{r.get('compile', 'eager')} | "
                  f"{r['step_ms']:.1f} | {r['wall_ms']:.1f} | "
                  f"{r['ratio']:.3f} | {r['ratio_lo']:.3f}-{r['ratio_hi']:.3f} | {r['ratio_min']:.3f} | "
                  f"{r['overhead_pct']:+.1f} | {r['flop_overhead_pct']:.2f} | "
-                 f"{_f(r.get('target_pct'))} | {r['verdict']} | {_f(r.get('alone_pct'))} | "
-                 f"{_f(r.get('routing_gflops'))} | {_f(r.get('peak_mb'), '{:.0f}')} | "
+                 f"{_f(r.get('target_pct'))} | {r['verdict']} | {r.get('decided', '-')} | {r.get('reps', '-')} | "
+                 f"{_f(r.get('alone_pct'))} | {_f(r.get('routing_gflops'))} | {_f(r.get('gemm_pct'), '{:.0f}')} | "
+                 f"{_f(r.get('step_gflops'))} | {_f(r.get('peak_mb'), '{:.0f}')} | "
                  f"{_f(r.get('mem_ratio'), '{:.3f}')} | {_f(r.get('routing_mb'), '{:.0f}')} | "
                  f"{_f(r.get('bw_floor_pct'))} |")
     return L

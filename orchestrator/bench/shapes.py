@@ -12,11 +12,6 @@ import lime_arch
 from lime_arch.errors import ConfigError
 
 PEER = "full/concat"  # label of the naive reference: full routing, the paper's concatenation
-# The paper's Table 17 peers (arXiv 2502.09245) and the 2026 field (issue 27: the LIMe authors'
-# HC, mHC, Attention Residuals full and block, MUDDFormer): rows labelled ``none+<depth mix>`` (a
-# label is ``router[/impl][+depth_mix]``), timed against none like every router, without a target.
-DEPTH_MIXES = ("denseformer", "hyper-connections", "hyper-connections-corl", "mhc", "attn-res", "attn-res-block",
-               "mudd")
 # Vocabulary 2,048, not GPT-2's 50,257: at width 256 a 50k head would be 43% of the 16-layer
 # model's FLOPs and 44% of its parameters (AdamW time), hiding the routing behind the LM head;
 # with 2,048 the head is ~3% (the paper's 1B models' is ~9%).
@@ -50,6 +45,13 @@ class Shape:
 # (2 KV heads), 64 and 128 layers; fewer interleaved rounds where a step takes longer.
 SHAPES = (Shape("L16-MHA", 16, 8, 20), Shape("L16-GQA", 16, 2, 20), Shape("L64-MHA", 64, 8, 10),
           Shape("L128-MHA", 128, 8, 7))
+# ``make bench`` (``lime bench --headline``): the shapes of the targets, every router eager and compiled
+# and every depth mix eager at 16 layers, the routers and the peer at L64-MHA eager (the depth mixes'
+# compiled and 64-layer rows, L128 and compiled memory are ``make bench-full``'s: each compiled variant
+# is a cold Inductor build of ~48 s at 16 layers); the round caps aim at 20 minutes alone on the 2-core
+# dev CPU (the estimate is in docs/BENCH.md)
+HEADLINE_SHAPES, HEADLINE_MIX_SHAPES = ("L16-MHA", "L16-GQA", "L64-MHA"), ("L16-MHA", "L16-GQA")
+HEADLINE_CAPS = {"L16-MHA": 8, "L16-GQA": 8, "L64-MHA": 7}
 QUICK_SHAPES = (Shape("L3-MHA", 3, 8, 1), Shape("L3-GQA", 3, 2, 1))
 SHAPES_BY_NAME = {s.name: s for s in SHAPES + QUICK_SHAPES}
 
@@ -60,6 +62,14 @@ def bench_routers() -> tuple[str, ...]:
     return tuple(lime_arch.router_specs())
 
 
+def bench_depth_mixes() -> tuple[str, ...]:
+    """Every registered depth mix but ``none``, at its defaults, in registration order: the paper's
+    Table 17 peers (arXiv 2502.09245) and the 2026 field (issue 27), each a row labelled
+    ``none+<depth mix>`` (a label is ``router[/impl][+depth_mix]``), timed against none like every
+    router, without a target. A newly registered mix gets its rows without being named here."""
+    return tuple(d for d in lime_arch.depth_mix_specs() if d != "none")
+
+
 def split_label(label: str) -> tuple[str, str, str]:
     """``router[/impl][+depth_mix]`` -> (router, impl, depth_mix), e.g. ``none+denseformer`` ->
     (none, buffer, denseformer), ``full/concat`` -> (full, concat, none)."""
@@ -68,7 +78,7 @@ def split_label(label: str) -> tuple[str, str, str]:
     return router, impl or "buffer", depth_mix or "none"
 
 
-def depth_mix_labels(depth_mixes=DEPTH_MIXES) -> tuple[str, ...]:
+def depth_mix_labels(depth_mixes: Sequence[str]) -> tuple[str, ...]:
     """The benchmark labels of the depth-mix rows: each depth mix over the none router."""
     return tuple(f"none+{d}" for d in depth_mixes if d != "none")
 

@@ -2,7 +2,8 @@
 
 For every router and shape (``shapes.py``) it measures, against the ``none`` baseline of the same
 shape and in the same process: the training step time (``timing.py``: paired, interleaved
-repetitions on one shared decoder body), the routing alone outside the model (``alone.py``), the
+repetitions on one shared decoder body, added until each row's interval decides its target or is
+narrow enough, ``stopping.py``), the routing alone outside the model (``alone.py``), the
 peak memory of one step (``memory.py``: a fresh subprocess per case on CPU), the analytic forward
 FLOPs per token and routing overhead (``lime_arch.accounting``) and the bytes the routing moves
 per step at the measured bandwidth; the same for the naive peer (full routing with
@@ -37,9 +38,9 @@ from lime_arch.routers import build_router
 from orchestrator.bench import peak_memory as mem
 from orchestrator.bench.alone import time_alone
 from orchestrator.bench.outputs import write_outputs
+from orchestrator.bench.profile import large_gemm_gflops
 from orchestrator.bench.shapes import (
     BATCH,
-    DEPTH_MIXES,
     PEER,
     QUICK_BATCH,
     QUICK_SEQ,
@@ -48,13 +49,15 @@ from orchestrator.bench.shapes import (
     SHAPES,
     VOCAB,
     Shape,
+    bench_depth_mixes,
     bench_routers,
     compile_shape_names,
     depth_mix_labels,
     split_label,
 )
 from orchestrator.bench.step import bench_cfg, clock, device_of
-from orchestrator.bench.targets import checks
+from orchestrator.bench.stopping import Stopping, ratio_target
+from orchestrator.bench.targets import checks, step_target
 from orchestrator.bench.timing import time_decode, time_shape
 
 
@@ -99,6 +102,11 @@ class _Setup:
     bw: float  # measured streaming bandwidth, GB/s
     compile: str | None = None  # a torch.compile mode: compiled rows beside the eager ones
     compile_shapes: frozenset[str] = frozenset()  # the shapes that get them
+    gemm: float = 0.0  # a 512^3 fp32 matmul's GFLOP/s here, same threads: what the kernels do with a shape they like
+    caps: dict | None = None  # shape name -> most paired rounds (adaptive: ``stopping``); None: fixed Shape.reps
+    mix_shapes: frozenset[str] | None = None  # the shapes that get the depth-mix rows (None: all)
+    memory_compiled: bool = True  # peak memory of the compiled rows too (each case compiles again)
+    compile_mixes: bool = True  # compiled rows of the depth mixes too
 
     def case(self, cfg, with_amp: bool = True, compile_mode: str | None = None) -> dict:
         """A memory worker's case (JSON-able); the quick run's in-process cases leave out ``amp``."""
@@ -150,12 +158,23 @@ def _row(s: _Setup, sh: Shape, lab: str, cfg, timed: dict, alone_s: float, mode:
     tokens = s.batch * s.seq
     router, impl, depth_mix = split_label(lab)
     rmem = routing_memory(cfg, s.batch, s.seq, 2 if s.amp else 4)
+    # the routing's FLOPs per step: training = 3 x forward; alone times the router's routing only, the
+    # step's difference to none (paired ratio x none's step) times the router's and the depth mix's
+    routing_flops = 3 * fl["routing"] * tokens
+    extra_flops = 3 * (fl["total"] - fl["base"]) * tokens
+    in_step_s = base_ms / 1e3 * (timed[lab]["ratio"] - 1)
+    routing_gflops = routing_flops / alone_s / 1e9 if alone_s and routing_flops else None
     return {"router": router, "impl": impl, "depth_mix": depth_mix, "compile": mode or "eager",
             "label": lab, "shape": sh.name, "n_layers": sh.n_layers, "kv_heads": sh.n_kv_heads,
             **timed[lab], "overhead_pct": 100 * (timed[lab]["ratio"] - 1),
             "flop_overhead_pct": 100 * flop_overhead(cfg, s.seq), "flops_per_token": fl["total"],
             "alone_pct": 100 * 1e3 * alone_s / base_ms,
-            "routing_gflops": 3 * fl["routing"] * tokens / alone_s / 1e9 if alone_s else None,
+            "routing_gflops": routing_gflops,
+            "step_gflops": extra_flops / in_step_s / 1e9 if in_step_s > 0 and extra_flops else None,
+            "gemm_pct": None if routing_gflops is None or not s.gemm else 100 * routing_gflops / s.gemm,
+            # the memory-bandwidth roofline of the routing's products: FLOPs over the time their traffic takes
+            "roofline_gflops": (min(s.gemm, routing_flops / (floor_ms / 1e3) / 1e9)
+                                if floor_ms and routing_flops and s.gemm else None),
             "body_gflops": 3 * fl["base"] * tokens / (base_ms / 1e3) / 1e9,
             "routing_mb": None if traffic is None else traffic / 2**20, "bw_gbs": s.bw,
             "bw_floor_pct": None if floor_ms is None else 100 * floor_ms / base_ms,
@@ -167,14 +186,22 @@ def _shape_rows(s: _Setup, sh: Shape, labels: list[str], memory_on: bool) -> lis
     the routing alone) and build its rows."""
     if s.quick:
         sh = Shape(sh.name, sh.n_layers, sh.n_kv_heads, 1)
+    if s.mix_shapes is not None and sh.name not in s.mix_shapes:
+        labels = [lab for lab in labels if split_label(lab)[2] == "none"]
     modes = [None] if s.compile is None or sh.name not in s.compile_shapes else [None, s.compile]
-    timed = {mode: time_shape(sh, labels, s.dev, s.threads, s.amp, s.batch, s.seq,
-                              warmup=1 if s.quick or sh.n_layers >= 64 else 2, hwm=s.quick and memory_on,
-                              compile_mode=mode) for mode in modes}
     cfgs = {lab: bench_cfg(sh, lab, s.dev, s.seq) for lab in labels}
+    targets = {lab: ratio_target(step_target({"router": r, "impl": i, "depth_mix": d,
+                                              "flop_overhead_pct": 100 * flop_overhead(cfg, s.seq)}))
+               for lab, cfg in cfgs.items() for r, i, d in [split_label(lab)]}
+    rule = None if s.quick or s.caps is None else Stopping(s.caps.get(sh.name, sh.reps))
+    def of(mode):  # the labels timed in a mode: compiled depth mixes only if asked (each a cold Inductor build)
+        return [lab for lab in labels if mode is None or s.compile_mixes or split_label(lab)[2] == "none"]
+    timed = {mode: time_shape(sh, of(mode), s.dev, s.threads, s.amp, s.batch, s.seq,
+                              warmup=1 if s.quick or sh.n_layers >= 64 else 2, hwm=s.quick and memory_on,
+                              compile_mode=mode, rule=rule, targets=targets) for mode in modes}
     reps = 1 if s.quick else max(3, 160 // sh.n_layers)
     alone = time_alone(cfgs, s.batch, s.seq, s.dev, reps, clock(s.dev, s.threads)[0])
-    rows = [_row(s, sh, lab, cfg, timed[mode], alone[lab], mode) for mode in modes for lab, cfg in cfgs.items()]
+    rows = [_row(s, sh, lab, cfgs[lab], timed[mode], alone[lab], mode) for mode in modes for lab in of(mode)]
     twins = static_twins(labels, sh, cfgs["none"].head_dim)
     for r in rows:
         if r["label"] in twins:
@@ -186,6 +213,8 @@ def _add_memory(s: _Setup, rows: list[dict], sub) -> None:
     """Peak memory per row, and each row's ratio to its shape's ``none``. Quick: the in-process
     high-water marks ``time_shape`` took (the subprocess path once, for the first none, in ``sub``);
     otherwise a fresh subprocess per case."""
+    if not s.memory_compiled:  # the headline run: a compiled case would compile again in its subprocess
+        rows = [r for r in rows if r["compile"] == "eager"]
     if s.quick:
         mems = [r.pop("_peak") or mem.measure_in_process(s.case(r["cfg"], False, _mode(r))) for r in rows]
     else:
@@ -204,13 +233,22 @@ def _add_memory(s: _Setup, rows: list[dict], sub) -> None:
 def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False, *, device: str | None = None,
               threads: int | None = 1, shapes: tuple[Shape, ...] | None = None,
               routers: Sequence[str] | None = None, memory: bool = True, decode: bool = True,
-              depth_mixes: Sequence[str] = DEPTH_MIXES, compile: str | None = None,
-              compile_shapes: Sequence[str] | None = None, steady_heap: bool = False) -> dict:
+              depth_mixes: Sequence[str] | None = None, compile: str | None = None,
+              compile_shapes: Sequence[str] | None = None, steady_heap: bool = False,
+              caps: dict[str, int] | None = None, fixed_rounds: bool = False,
+              depth_mix_shapes: Sequence[str] | None = None, memory_compiled: bool = True,
+              compile_depth_mixes: bool = True) -> dict:
     """Run the benchmark, write ``bench.md``, ``bench.csv`` and ``decode.csv`` under ``out_dir``.
 
     ``routers``: router specs (default: every registered router, ``shapes.bench_routers``); ``none``
     and the peer are always added; ``depth_mixes``: the peer architectures, each a ``none+<depth mix>``
-    row (default DenseFormer and Hyper-Connections, the paper's Table 17). ``quick``: tiny shapes,
+    row (default: every registered depth mix at its defaults, ``shapes.bench_depth_mixes``), at the
+    shapes named in ``depth_mix_shapes`` (default: all). Rounds: each shape's paired rounds go on only
+    until every row's interval decides its target or is narrow enough (``stopping``), at most
+    ``caps[shape name]`` (default: the shape's ``reps``, at least the rule's 7); ``fixed_rounds``: exactly
+    ``reps`` rounds and fixed-n intervals, as before. ``memory_compiled=False``: peak memory of the
+    eager rows only (a compiled case compiles again in its subprocess); ``compile_depth_mixes=False``:
+    the depth mixes eager only (each compiled variant is a cold Inductor build). ``quick``: tiny shapes,
     one repetition, memory in-process except one subprocess case. ``compile``: a torch.compile mode
     (``default``, ``reduce-overhead``; None or ``none``: eager only) whose rows are added beside the
     eager ones, at the shapes named in ``compile_shapes`` (default: ``shapes.COMPILE_SHAPES``, the paper's
@@ -228,12 +266,18 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     if compile not in (None, "none") and compile_shapes is None:
         compile_shapes = compile_shape_names(None, [sh.name for sh in shapes], quick)
     labels = list(dict.fromkeys(["none", *(bench_routers() if routers is None else routers), PEER,
-                                 *depth_mix_labels(depth_mixes)]))
+                                 *depth_mix_labels(bench_depth_mixes() if depth_mixes is None else depth_mixes)]))
+    if not fixed_rounds:
+        least = Stopping(1).min_rounds  # below it the sequence is the whole line: no row could decide
+        caps = {sh.name: max(least, (caps or {}).get(sh.name, sh.reps)) for sh in shapes}
     malloc = steady_malloc() if steady_heap and dev.type == "cpu" and not quick else False
     load0 = os.getloadavg()
     batch, seq = (QUICK_BATCH, QUICK_SEQ) if quick else (BATCH, SEQ)
     s = _Setup(dev, threads, dev.type == "cuda", quick, batch, seq, mem.measure_bandwidth(32 if quick else 256),
-               None if compile in (None, "none") else compile, frozenset(compile_shapes or ()))
+               None if compile in (None, "none") else compile, frozenset(compile_shapes or ()),
+               large_gemm_gflops(reps=3 if quick else 20), None if fixed_rounds else caps,
+               None if depth_mix_shapes is None else frozenset(depth_mix_shapes), memory_compiled,
+               compile_depth_mixes)
     # quick: the subprocess path once, for the first shape's none, overlapping the timing
     sub = mem.start_subprocess(s.case(bench_cfg(shapes[0], "none", dev, seq))) if memory and quick else None
     rows = [row for sh in shapes for row in _shape_rows(s, sh, labels, memory)]
@@ -248,7 +292,9 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     info = machine_info(dev, threads)
     info.update(bandwidth_gbs=s.bw, steady_malloc=malloc, load_start=load0, load_end=os.getloadavg(),
                 clock=clock(dev, threads)[1], batch=batch, seq=seq, vocab=VOCAB, quick=quick,
-                compile=s.compile or "none",
+                compile=s.compile or "none", gemm_gflops=s.gemm,
+                rounds="fixed" if fixed_rounds or quick else
+                ", ".join(f"{k} <= {v}" for k, v in caps.items()),
                 compile_shapes=",".join(sh.name for sh in shapes if s.compile and sh.name in s.compile_shapes) or "-",
                 seconds=time.perf_counter() - t_start)
     chk = checks(rows, dec)

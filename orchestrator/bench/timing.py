@@ -4,7 +4,9 @@ Every variant's step runs between two ``none`` steps (none, v1, none, v2, none, 
 rotating each round); a variant's ratio is its time over the mean of the two ``none`` steps
 around it, which cancels the machine's drift (on the dev VM the same matmul runs 15% faster or
 slower for seconds at a time). The reported ratio is the median over rounds, with the
-distribution-free (sign-test) confidence interval of that median.
+distribution-free (sign-test) confidence interval of that median; with a stopping rule
+(``stopping``), rounds are added only until each row's interval decides its target, and the
+interval is the anytime-valid sign confidence sequence.
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from lime_arch.model import KVCache, build_model
 from orchestrator.bench.peak_memory import rss_peak
 from orchestrator.bench.shapes import BATCH, DECODE_BATCHES, DECODE_ROUTERS, SEQ, VOCAB, Shape
 from orchestrator.bench.step import SharedBody, autocast, bench_cfg, clock
+from orchestrator.bench.stopping import Stopping
 
 
 def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
@@ -33,10 +36,12 @@ def median_ci(xs: list[float], level: float = 0.95) -> tuple[float, float]:
     return x[j], x[n - 1 - j]
 
 
-def paired_times(step, labels, base: str, reps: int, clock, on_step=None) -> tuple[dict, dict, dict]:
+def paired_times(step, labels, base: str, reps: int, clock, on_step=None, done=None) -> tuple[dict, dict, dict]:
     """Time ``step(label)`` with every variant between two ``base`` steps: base, v1, base, v2, base,
     ... (variant order rotating each round). A variant's ratio is its time over the mean of the
-    two base steps around it. Returns (times, walls, ratios) per label."""
+    two base steps around it. ``done(label, ratios)``: whether a variant stops before the next
+    round (``stopping.Stopping.done``); the others go on, at most ``reps`` rounds, and the run ends
+    when none is left. Returns (times, walls, ratios) per label; ``ratios[base]`` has one 1.0 per round."""
     variants = [lab for lab in labels if lab != base]
     times = {lab: [] for lab in labels}
     walls = {lab: [] for lab in labels}
@@ -52,15 +57,20 @@ def paired_times(step, labels, base: str, reps: int, clock, on_step=None) -> tup
             on_step(lab)
         return dt
 
+    rounds = 0
     for r in range(reps):
-        k = r % len(variants) if variants else 0
+        active = [lab for lab in variants if done is None or not done(lab, ratios[lab])]
+        if variants and not active:
+            break
+        k = r % len(active) if active else 0
         prev = one(base)
-        for lab in variants[k:] + variants[:k]:
+        for lab in active[k:] + active[:k]:
             t = one(lab)
             nxt = one(base)
             ratios[lab].append(t / (0.5 * (prev + nxt)))
             prev = nxt
-    ratios[base] = [1.0] * reps
+        rounds += 1
+    ratios[base] = [1.0] * rounds
     return times, walls, ratios
 
 
@@ -75,11 +85,16 @@ def _hwm_step(sb: SharedBody, peaks: dict[str, dict]):
 
 
 def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, seq=SEQ, warmup=2,
-               hwm: bool = False, compile_mode: str | None = None) -> dict:
+               hwm: bool = False, compile_mode: str | None = None, rule: Stopping | None = None,
+               targets: dict[str, float | None] | None = None) -> dict:
     """Per label: CPU/wall step times and paired ratios to none (``paired_times``).
     ``hwm``: also the resident high-water mark of one step per label, in this process (the quick
     run's cheap stand-in for the per-case subprocess), under the key ``_peak``. ``compile_mode``:
-    every variant (none included) compiled that way; the warm-up steps compile."""
+    every variant (none included) compiled that way; the warm-up steps compile. ``rule``: rounds
+    added only until each label's interval decides its ratio target (``targets``, None: no target)
+    or is narrow enough, at most ``rule.cap`` (``stopping``), and the interval reported is the
+    anytime-valid sign confidence sequence; without: ``shape.reps`` rounds and the fixed-n
+    sign-test interval."""
     clk, _ = clock(device, threads)
     sb = SharedBody(shape, list(labels), device, amp, batch, seq, compile_mode)
     for _ in range(warmup):
@@ -87,13 +102,17 @@ def time_shape(shape: Shape, labels, device, threads, amp=False, batch=BATCH, se
             sb.step(lab)
     peaks: dict[str, dict] = {}
     step = _hwm_step(sb, peaks) if hwm and device.type == "cpu" else sb.step
-    times, walls, ratios = paired_times(step, list(labels), "none", shape.reps, clk)
+    targets = targets or {}
+    done = None if rule is None else (lambda lab, rs: rule.done(rs, targets.get(lab)))
+    times, walls, ratios = paired_times(step, list(labels), "none", shape.reps if rule is None else rule.cap,
+                                        clk, done=done)
     out = {}
     for lab, t in times.items():
-        lo, hi = median_ci(ratios[lab])
+        lo, hi = median_ci(ratios[lab]) if rule is None or lab == "none" else rule.interval(ratios[lab])
         out[lab] = {"step_ms": 1e3 * statistics.median(t), "wall_ms": 1e3 * statistics.median(walls[lab]),
                     "ratio": statistics.median(ratios[lab]), "ratio_lo": lo, "ratio_hi": hi,
-                    "ratio_min": min(t) / min(times["none"]), "reps": len(ratios[lab]), "_peak": peaks.get(lab)}
+                    "ratio_min": min(t) / min(times["none"]), "reps": len(ratios[lab]), "_peak": peaks.get(lab),
+                    "decided": "-" if rule is None else rule.side(ratios[lab], targets.get(lab))}
     return out
 
 

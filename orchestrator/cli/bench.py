@@ -14,7 +14,9 @@ from lime_arch.errors import ConfigError
 from orchestrator.bench.shapes import (
     COMPILE_MODES,
     COMPILE_SHAPES,
-    DEPTH_MIXES,
+    HEADLINE_CAPS,
+    HEADLINE_MIX_SHAPES,
+    HEADLINE_SHAPES,
     QUICK_SHAPES,
     SHAPES,
     SHAPES_BY_NAME,
@@ -38,8 +40,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--routers", help="comma-separated router specs (default: every registered router, "
                     "those taking an integer as first-4, last-4, dilated-8, others <name>-4)")
     ap.add_argument("--depth-mixes", help="comma-separated depth mixes benchmarked over the none router, the "
-                    "paper's peer architectures and the field (default: " + ",".join(DEPTH_MIXES)
-                    + "; 'none' for none of them)")
+                    "paper's peer architectures and the field (default: every registered depth mix; "
+                    "'none' for none of them)")
     ap.add_argument("--compile", default="none", metavar="MODE",
                     help="add rows with the model's forward torch.compile'd in this mode beside the eager rows, "
                          "each paired against none compiled alike (the paper's Table 17 setting): "
@@ -52,6 +54,15 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="instead of the benchmark: profile the routing alone, product by product, against "
                          "same-shaped reference GEMMs (profile.md in --out; default shapes L64-MHA,L128-MHA, "
                          "default routers every learned one)")
+    ap.add_argument("--headline", action="store_true",
+                    help="the headline table (make bench): " + ",".join(HEADLINE_SHAPES) + ", depth mixes at "
+                    + ",".join(HEADLINE_MIX_SHAPES) + " only and eager only, round caps " + ",".join(
+                        f"{k}:{v}" for k, v in HEADLINE_CAPS.items()) + ", peak memory of the eager rows only")
+    ap.add_argument("--max-rounds", type=int, metavar="N",
+                    help="at most N paired rounds per shape (rows stop earlier once their interval decides "
+                         "their target or is narrow enough; default: each shape's own cap)")
+    ap.add_argument("--fixed-rounds", action="store_true",
+                    help="every row gets each shape's full rounds (fixed-n intervals), as before the stopping rule")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
     ap.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
@@ -110,8 +121,27 @@ def options(a: argparse.Namespace) -> dict:
     out = {"out_dir": a.out, "quick": a.quick, "device": a.device, "threads": a.threads, "shapes": shapes,
            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode,
            "compile": None if a.compile == "none" else a.compile, "compile_shapes": _compile_shapes(a, shapes)}
+    out.update(_rounds(a, shapes))
     mixes = _depth_mixes(getattr(a, "depth_mixes", None))
     return out if mixes is None else {**out, "depth_mixes": mixes}
+
+
+def _rounds(a: argparse.Namespace, shapes) -> dict:
+    """The stopping options of ``run_bench`` (``--headline``, ``--max-rounds``, ``--fixed-rounds``), checked."""
+    headline, cap = getattr(a, "headline", False), getattr(a, "max_rounds", None)
+    fixed = getattr(a, "fixed_rounds", False)
+    if headline and (a.shapes or a.quick):
+        raise ConfigError("bench.headline: picks its own shapes; drop --shapes and --quick")
+    if cap is not None and (cap < 1 or fixed):
+        raise ConfigError(f"bench.max_rounds: must be >= 1 and without --fixed-rounds, got {cap}")
+    out: dict = {"fixed_rounds": fixed}
+    if headline:
+        out.update(shapes=tuple(SHAPES_BY_NAME[n] for n in HEADLINE_SHAPES), caps=dict(HEADLINE_CAPS),
+                   depth_mix_shapes=HEADLINE_MIX_SHAPES, memory_compiled=False, compile_depth_mixes=False)
+    if cap is not None:
+        names = HEADLINE_SHAPES if headline else [sh.name for sh in shapes or SHAPES_BY_NAME.values()]
+        out["caps"] = {n: cap for n in names}
+    return out
 
 
 def print_summary(out: dict) -> None:

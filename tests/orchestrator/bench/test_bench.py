@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from orchestrator.bench import step
-from orchestrator.bench.shapes import DECODE_ROUTERS, DEPTH_MIXES, PEER, QUICK_SHAPES, Shape, bench_routers
+from orchestrator.bench.shapes import DECODE_ROUTERS, PEER, QUICK_SHAPES, Shape, bench_depth_mixes, bench_routers
 from orchestrator.bench.suite import run_bench
 from orchestrator.bench.timing import median_ci, paired_times
 
@@ -23,8 +23,9 @@ def test_quick_bench_end_to_end(tmp_path):
     assert {(r["router"], r["impl"], r["shape"]) for r in rows} == want
     # the paper's peer architectures (Table 17): a depth mix over the none router, no target
     peers = [r for r in rows if r["depth_mix"] != "none"]
-    assert {(r["depth_mix"], r["shape"]) for r in peers} == {(d, s.name) for d in DEPTH_MIXES for s in QUICK_SHAPES}
-    assert {"denseformer", "hyper-connections", "mhc", "attn-res", "attn-res-block", "mudd"} <= set(DEPTH_MIXES)
+    mixes = bench_depth_mixes()  # every registered one
+    assert {(r["depth_mix"], r["shape"]) for r in peers} == {(d, s.name) for d in mixes for s in QUICK_SHAPES}
+    assert {"denseformer", "hyper-connections", "mhc", "attn-res", "attn-res-block", "mudd"} <= set(mixes)
     for r in peers:
         assert r["router"] == "none" and r["verdict"] == "peer" and r["target_pct"] == ""
         assert float(r["flop_overhead_pct"]) > 0 and float(r["mem_ratio"]) > 0 and float(r["step_ms"]) > 0
@@ -134,3 +135,15 @@ def test_compiled_rows_only_at_the_compile_shapes(tmp_path, monkeypatch):
     got = {(r["shape"], r["compile"]) for r in out["rows"]}
     assert got == {("L3-MHA", "eager"), ("L3-GQA", "eager"), ("L3-GQA", "default")}
     assert out["machine"]["compile_shapes"] == "L3-GQA"
+
+
+def test_depth_mixes_eager_only_when_asked(tmp_path, monkeypatch):
+    """``compile_depth_mixes=False`` (the headline run): the depth mixes' rows are eager only, the
+    routers' are eager and compiled."""
+    real = torch.compile
+    monkeypatch.setattr(step.torch, "compile", lambda model, mode=None: real(model, backend="aot_eager"))
+    out = run_bench(out_dir=tmp_path, quick=True, shapes=QUICK_SHAPES[1:], routers=("first-4",), decode=False,
+                    memory=False, depth_mixes=("denseformer",), compile="default", compile_depth_mixes=False)
+    got = {(r["label"], r["compile"]) for r in out["rows"]}
+    assert got == {(lab, mode) for lab in ("none", "first-4", PEER) for mode in ("eager", "default")} | \
+        {("none+denseformer", "eager")}
