@@ -55,7 +55,8 @@ from lime_arch.size import dense_param_counts
 def _router(cfg: ModelConfig) -> Router:
     with torch.device("meta"):  # shapes only, no memory
         return build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
-                            head_dim=cfg.head_dim, init="identity")
+                            head_dim=cfg.head_dim, init="identity", options=cfg.router_dynamic,
+                            d_model=cfg.d_model)
 
 
 def _depth_mix(cfg: ModelConfig) -> DepthMix:
