@@ -135,6 +135,13 @@ def test_v1_counts_pinned():
     assert flops_per_token(_cfg("dynamic", V1, 2))["routing"] == 3456
     assert param_counts(preset("tiny", router="dynamic", n_kv_heads=2))["router"] == 582
     assert param_counts(_cfg("dynamic", DEFAULT, 2)) == param_counts(preset("tiny", router="dynamic", n_kv_heads=2))
+    # docs/MODEL.md's 1b figures: sum over l = 1..15 of (l+1) = 135 source layers; default R (135 R Hd + 15
+    # gates), v1 R 135 D (one D-wide key per routed head and source layer)
+    for name, R in (("1b", 32), ("1b-gqa", 8)):
+        assert param_counts(preset(name, router="dynamic"))["router"] == R * (135 * R * 64 + 15)
+        assert param_counts(preset(name, router="dynamic", router_dynamic=options(V1)))["router"] == R * 135 * 2048
+    assert (32 * (135 * 32 * 64 + 15), 8 * (135 * 8 * 64 + 15), 32 * 135 * 2048, 8 * 135 * 2048) == (
+        8_847_840, 553_080, 8_847_360, 2_211_840)
 
 
 @pytest.mark.parametrize("form", [V1, PAPER, DEFAULT], ids=_ids)
