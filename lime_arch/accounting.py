@@ -19,7 +19,9 @@ multiply-accumulates of
     and weighted sum); MUDDFormer's dense-weight MLP C*h + h*ways*S and its mixtures ways*S*C
     after each block.
   - the dynamic router's scores, q . key for every routed head and source head (R * |S_l|R * Hd),
-    beside its mixing of K and V (counted as full's).
+    beside its mixing of K and V (counted as full's); in the forms of ``model.router_dynamic``
+    R * m * E for the scores and 2 * R * m * Hd for the mixing, m = |S_l|R or |S_l| (a softmax
+    over layers), E = Hd or D (hidden-state scores).
 Norms, RoPE, softmax, sigmoid, GELU, tanh and residual adds are left out (O(d) per token).
 Training FLOPs are taken as 3 x forward.
 
@@ -91,7 +93,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, i
 def routing_memory(cfg: ModelConfig, batch: int, seq_len: int | None = None, elem_bytes: int = 4) -> dict[str, int]:
     """Analytic activation memory of the routing in one training step of ``batch`` sequences, in
     bytes, on top of the same model without routing: ``kept`` from forward to backward (buffered
-    kinds: one copy of every layer's raw K/V; dynamic: those and each layer's grouped query) and
+    kinds: one copy of every layer's raw K/V; dynamic: those and, with query scores, each layer's
+    grouped query) and
     ``transient``, the most held at once on top of that (buffered: the backward's K/V gradient
     buffer; dynamic: one layer's recomputed per-token weights and sources in backward). The
     router kind counts them (``RouterKind.activation_elems``); ``elem_bytes`` 2 for bf16."""
