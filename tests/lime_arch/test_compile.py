@@ -29,8 +29,8 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from torch._subclasses.fake_tensor import FakeTensorMode
 from dynamic_reference import PAPER, V1, options
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lime_arch
 from lime_arch import build_model, preset
