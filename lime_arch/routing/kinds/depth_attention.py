@@ -114,7 +114,7 @@ class DepthAttentionKind(RouterKind):
     def make_mixer(self, router, *, block=None, use_ops=None) -> DepthAttentionMixer:
         return DepthAttentionMixer(router)
 
-    def concat_route(self, router, l, k, v, k_all, v_all, q):
+    def concat_route(self, router, l, k, v, k_all, v_all, q, x=None):
         R = k.shape[2]
         src = router.sources(l)
         keys = [k_all[:, :, s * R:(s + 1) * R] for s in src]  # (B, T, R, Hd) each
