@@ -22,7 +22,9 @@ multiply-accumulates of
     (``-asym``) are adds; the gated residual's bottleneck 2*n*C*r, gated mean n*C, write scalars
     n*C*n and write n*C per sublayer, and the output mixer's read 2*n*C*r + n*C.
   - the dynamic router's scores, q . key for every routed head and source head (R * |S_l|R * Hd),
-    beside its mixing of K and V (counted as full's).
+    beside its mixing of K and V (counted as full's); in the forms of ``model.router_dynamic``
+    R * m * E for the scores and 2 * R * m * Hd for the mixing, m = |S_l|R or |S_l| (a softmax
+    over layers), E = Hd or D (hidden-state scores).
 Norms, RoPE, softmax, sigmoid, GELU, tanh and residual adds are left out (O(d) per token).
 Training FLOPs are taken as 3 x forward.
 
@@ -58,7 +60,8 @@ from lime_arch.size import dense_param_counts
 def _router(cfg: ModelConfig) -> Router:
     with torch.device("meta"):  # shapes only, no memory
         return build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
-                            head_dim=cfg.head_dim, init="identity")
+                            head_dim=cfg.head_dim, init="identity", options=cfg.router_dynamic,
+                            d_model=cfg.d_model)
 
 
 def _depth_mix(cfg: ModelConfig) -> DepthMix:
@@ -93,7 +96,8 @@ def flops_per_token(cfg: ModelConfig, seq_len: int | None = None) -> dict[str, i
 def routing_memory(cfg: ModelConfig, batch: int, seq_len: int | None = None, elem_bytes: int = 4) -> dict[str, int]:
     """Analytic activation memory of the routing in one training step of ``batch`` sequences, in
     bytes, on top of the same model without routing: ``kept`` from forward to backward (buffered
-    kinds: one copy of every layer's raw K/V; dynamic: those and each layer's grouped query) and
+    kinds: one copy of every layer's raw K/V; dynamic: those and, with query scores, each layer's
+    grouped query) and
     ``transient``, the most held at once on top of that (buffered: the backward's K/V gradient
     buffer; dynamic: one layer's recomputed per-token weights and sources in backward). The
     router kind counts them (``RouterKind.activation_elems``); ``elem_bytes`` 2 for bf16."""

@@ -13,7 +13,9 @@ from typing import Any
 
 from lime_arch.depth_mix import check_depth_mix
 from lime_arch.errors import ConfigError
+from lime_arch.router_base import kind_name
 from lime_arch.routers import check_prunable, parse_router
+from lime_arch.routing.options import DynamicRouting
 
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 PRUNE_KEYS = ("top_p", "start", "every", "renormalize")
@@ -98,6 +100,10 @@ class ModelConfig:
     # Top-p pruning of the router's weights in training: {top_p, start, every, renormalize} or None
     # (lime_arch.prune; the paper's Table 5 and Figure 9). Routers of kind linear only.
     router_prune: RouterPrune | None = None
+    # The dynamic router's form: {scores, softmax, gate, weight_decay} or None (the defaults: query
+    # scores, one softmax over layers x heads, a gate, no decay); lime_arch/routing/options.py and
+    # docs/MODEL.md's table of which paper or code form each setting reproduces. Dynamic routers only.
+    router_dynamic: DynamicRouting | None = None
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "ffn_dim", "max_seq_len"):
@@ -136,6 +142,14 @@ class ModelConfig:
         object.__setattr__(self, "router_prune", RouterPrune.from_value(self.router_prune))
         if self.router_prune is not None:
             check_prunable(router_cls)
+        object.__setattr__(self, "router_dynamic", DynamicRouting.from_value(self.router_dynamic))
+        rd = self.router_dynamic
+        if rd is not None and kind_name(router_cls) != "dynamic":
+            raise ConfigError(f"model.router_dynamic: router {self.router!r} (kind {kind_name(router_cls)}) has no "
+                              "dynamic options; set them with dynamic, dynamic-first-<j> or dynamic-last-<j>")
+        if rd is not None and not rd.gate and self.router_init == "identity":
+            raise ConfigError("model.router_dynamic.gate: false has no identity init (a softmax is never one-hot, "
+                              "so only the gate at 0 starts at the baseline); use router_init: paper or gate: true")
 
     @property
     def kv_heads(self) -> int:

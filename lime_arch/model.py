@@ -1,8 +1,8 @@
 """A LLaMA-style decoder whose attention reads routed K/V (LIMe).
 
 Pre-RMSNorm blocks, causal attention with RoPE, SwiGLU MLP, final norm, tied LM head. The
-only LIMe-specific line is ``k, v = mixer.route(l, k, v, q=q)``: raw pre-RoPE K/V (and the
-layer's pre-RoPE query, which token-dependent router kinds read) go in, routed K/V come out, and
+only LIMe-specific line is ``k, v = mixer.route(l, k, v, q=q, x=x)``: raw pre-RoPE K/V (and the
+layer's pre-RoPE query and normed input, which token-dependent router kinds read) go in, routed K/V come out, and
 RoPE is applied once after routing (all mixed vectors share one position, so this equals mixing
 post-RoPE keys). With the ``none`` router this is exactly LLaMA.
 
@@ -104,7 +104,7 @@ class Attention(nn.Module):
         q = self.wq(x).view(B, T, self.H, self.Hd)  # pre-RoPE (B, T, H, Hd)
         k = self.wk(xk).view(B, T, self.R, self.Hd)  # raw, pre-RoPE (B, T, R, Hd)
         v = self.wv(xv).view(B, T, self.R, self.Hd)
-        k, v = mixer.route(l, k, v, q=q)  # routed (B, R, T, Hd); token-dependent kinds read q
+        k, v = mixer.route(l, k, v, q=q, x=x)  # routed (B, R, T, Hd); token-dependent kinds read q or x
         q, k = apply_rope(q.transpose(1, 2), cos, sin), apply_rope(k, cos, sin)  # (B, H, T, Hd), (B, R, T, Hd)
         causal = True
         if cache is not None:
@@ -190,7 +190,8 @@ class LIMeDecoder(nn.Module):
             self.lm_head.weight = self.embed.weight
         # built after the init loop so its own (paper or identity) init is kept
         self.router: Router = build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
-                                           head_dim=cfg.head_dim, init=cfg.router_init)
+                                           head_dim=cfg.head_dim, init=cfg.router_init,
+                                           options=cfg.router_dynamic, d_model=cfg.d_model)
         if cfg.router_prune is not None:  # its masks (nothing pruned until the first refresh): in the state dict
             attach_prune(self.router)
         # after every other weight, from a forked RNG: the shared weights equal the none model's

@@ -109,7 +109,7 @@ def check_prunable(router_cls: type, key: str = "model.router_prune") -> None:
 
 # set on every router instance by RouterModule; an argument of the same name would overwrite one
 _RESERVED = frozenset({"name", "n_layers", "R", "head_dim", "init", "arg_values", "weights", "training", "kind",
-                       "declaration", "learned", "prune"})
+                       "declaration", "learned", "prune", "options", "d_model"})
 
 
 def _check_kind(name: str, cls: type) -> None:
@@ -146,7 +146,11 @@ def parse_router(spec: str) -> tuple[type[Router], tuple[int | float, ...]]:
     return ROUTERS.parse(spec)
 
 
-def build_router(spec: str, *, n_layers: int, n_kv_heads: int, head_dim: int, init: str = "paper") -> Router:
-    """The router module of ``spec`` (torch loads here)."""
+def build_router(spec: str, *, n_layers: int, n_kv_heads: int, head_dim: int, init: str = "paper",
+                 options: Any = None, d_model: int | None = None) -> Router:
+    """The router module of ``spec`` (torch loads here). ``options``: its kind's typed options (the
+    dynamic kind's ``DynamicRouting``, ``model.router_dynamic``; None: the kind's defaults);
+    ``d_model``: the model width, which a kind reading the hidden state needs."""
     cls, args = parse_router(spec)
-    return cls(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, args=args, init=init)
+    return cls(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, args=args, init=init,
+               options=options, d_model=d_model)

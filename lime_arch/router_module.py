@@ -32,11 +32,14 @@ class RouterModule(nn.Module):
     kind: RouterKind  # set on each router's implementation class
 
     def __init__(self, *, n_layers: int, n_kv_heads: int, head_dim: int, args: Sequence[int | float] = (),
-                 init: str):
+                 init: str, options: Any = None, d_model: int | None = None):
         super().__init__()
         if len(args) != len(self.arguments):
             raise ValueError(f"router {self.name}: takes {len(self.arguments)} arguments, got {tuple(args)}")
         self.n_layers, self.R, self.head_dim, self.init = n_layers, n_kv_heads, head_dim, init
+        # the kind's typed options (None: its defaults; a kind without options refuses any) and the
+        # model width (read by a kind whose weights depend on the hidden state)
+        self.options, self.d_model = self.kind.check_options(options, d_model), d_model
         self.arg_values = tuple(args)
         for a, v in zip(self.arguments, args):
             setattr(self, a.name, v)
@@ -83,6 +86,11 @@ class RouterModule(nn.Module):
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
+
+    def decays(self, name: str) -> bool:
+        """Whether parameter ``name`` (relative to this router) takes weight decay (the optimizer's
+        router group; ``lime_arch.optim``): the kind's choice, by default none."""
+        return self.kind.decays(self, name)
 
     def macs_per_token(self, l: int) -> int:
         """Multiply-accumulates per token of routing K and V at layer l."""

@@ -64,8 +64,9 @@ class _ValuesAfterRouting:
     def __init__(self, mixer, mix: DepthMix, memo: dict):
         self.mixer, self.mix, self.memo = mixer, mix, memo
 
-    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        k, v = self.mixer.route(l, k, v, q=q)  # routed (B, R, T, Hd)
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None,
+              x: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        k, v = self.mixer.route(l, k, v, q=q, x=x)  # routed (B, R, T, Hd)
         return k, self.mix.values(l, v, self.memo)
 
 

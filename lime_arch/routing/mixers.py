@@ -106,9 +106,10 @@ class BufferMixer:
         self.small = None  # the few-token path of this pass (``kind.few_token_path``)
         self.taken: tuple = ()  # ops path: per layer, the other members whose weights it takes
 
-    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Layer l's raw K/V (B, T, R, Hd) -> routed (B, R, T, Hd); ``q`` (the layer's query) is
-        not read: the buffered kinds' weights do not depend on the tokens."""
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None,
+              x: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """Layer l's raw K/V (B, T, R, Hd) -> routed (B, R, T, Hd); ``q`` and ``x`` (the layer's query
+        and attention input) are not read: the buffered kinds' weights do not depend on the tokens."""
         if self.use_ops:
             return self._route_ops(l, k, v)
         router, plan = self.router, self.plan
@@ -168,12 +169,13 @@ class ConcatMixer:
         self.router = router
         self.k_all = self.v_all = None
 
-    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None,
+              x: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self.k_all = k if l == 0 else torch.cat([self.k_all, k], dim=2)  # (B, T, (l+1)R, Hd)
         self.v_all = v if l == 0 else torch.cat([self.v_all, v], dim=2)
         if l == 0:
             return k.transpose(1, 2), v.transpose(1, 2)
-        return self.router.kind.concat_route(self.router, l, k, v, self.k_all, self.v_all, q)
+        return self.router.kind.concat_route(self.router, l, k, v, self.k_all, self.v_all, q, x)
 
 
 def make_mixer(router: Router, routing_impl: str = "buffer", *, block: int | None = None,

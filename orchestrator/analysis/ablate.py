@@ -224,15 +224,16 @@ class _ZeroingMixer:
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
 
-    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None,
+              x: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self.k.append(k)  # raw (B, T, R, Hd)
         self.v.append(v)
-        kr, vr = self.inner.route(l, k, v, q=q)  # routed (B, R, T, Hd)
+        kr, vr = self.inner.route(l, k, v, q=q, x=x)  # routed (B, R, T, Hd)
         if l != self.route_id.layer:
             return kr, vr
         router = self.router
         kind = router.kind
-        d = kind.token_mixing(router, l, q, self.k) if kind.token_dependent else router.dense(l)
+        d = kind.token_mixing(router, l, q, self.k, x=x) if kind.token_dependent else router.dense(l)
         if not _close(vr.transpose(1, 2), _apply(d, self.v)):
             raise RuntimeError(f"router {router.spec}: layer {l}'s routed values are not the mixing its kind reports "
                                "(dense / token_mixing); its routes cannot be ablated")

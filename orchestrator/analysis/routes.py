@@ -15,11 +15,12 @@ own layer is no route). A static route has one strength; a dynamic route's stren
 share over tokens, and the tokens where it fires are those where that share is largest, shown
 with a few tokens of context (the token itself in brackets).
 
-**Logit lens of router keys.** A dynamic router scores a token's query against learned keys. Each
-key is mapped to the vocabulary as the authors map router rows: every token embedding, un-scaled
-by the final norm's weight, through layer l's attention norm and query projection (grouped per
-KV head as the router groups queries), scored against the key; the tokens of highest score are
-the key's nearest tokens.
+**Logit lens of router keys.** A dynamic router scores a token's query (or, with
+``model.router_dynamic.scores: hidden``, its normed hidden state) against learned keys. Each key
+is mapped to the vocabulary as the authors map router rows: every token embedding, un-scaled by
+the final norm's weight, through layer l's attention norm and query projection (grouped per KV
+head as the router groups queries; the hidden-state scores skip the projection), scored against
+the key; the tokens of highest score are the key's nearest tokens.
 """
 from __future__ import annotations
 
@@ -70,7 +71,8 @@ def _source_rows(d: Tensor, R: int, l: int) -> Tensor:
 
 
 def _passes(model, batches):
-    """(ids, the layers' queries, their raw keys) per batch, in eval mode without gradients."""
+    """(ids, the layers' queries, their raw keys, their normed inputs) per batch, in eval mode
+    without gradients."""
     device = next(model.parameters()).device
     was = model.training
     model.eval()
@@ -80,7 +82,7 @@ def _passes(model, batches):
                 x = x.to(device)
                 with capture(model) as st:
                     model(x)
-                yield x, st["queries"], st["keys"]
+                yield x, st["queries"], st["keys"], st["inputs"]
     finally:
         model.train(was)
 
@@ -95,9 +97,9 @@ def mixing_maps(model, batches) -> Maps:
     sums: list[Tensor | None] = [None] * L
     row_sum, row_sq = np.zeros((L, L)), np.zeros((L, L))
     n = 0
-    for x, queries, raw_keys in _passes(model, batches):
+    for x, queries, raw_keys, inputs in _passes(model, batches):
         for l in range(L):
-            d = router.kind.token_mixing(router, l, queries[l], raw_keys).double()  # (B, T, R, (l+1)R)
+            d = router.kind.token_mixing(router, l, queries[l], raw_keys, x=inputs[l]).double()  # (B, T, R, (l+1)R)
             sums[l] = d.sum(dim=(0, 1)) if sums[l] is None else sums[l] + d.sum(dim=(0, 1))
             rows = _source_rows(d, R, l).flatten(0, 1).cpu().numpy()  # (B*T, l+1)
             row_sum[l, :l + 1] += rows.sum(0)
@@ -139,11 +141,11 @@ def strongest_routes(model, batches, tokenizer, *, top: int = 10, per_route: int
     best: dict[int, tuple[Tensor, Tensor]] = {}  # layer -> (values (k, R, l+1), token index (k, R, l+1))
     kept_ids: list[Tensor] = []
     offset, n = 0, 0
-    for x, queries, raw_keys in _passes(model, batches):
+    for x, queries, raw_keys, inputs in _passes(model, batches):
         kept_ids.append(x.cpu())
         B, T = x.shape
         for l in range(1, L):
-            d = router.kind.token_mixing(router, l, queries[l], raw_keys).double()  # (B, T, R, (l+1)R)
+            d = router.kind.token_mixing(router, l, queries[l], raw_keys, x=inputs[l]).double()  # (B, T, R, (l+1)R)
             share = level_shares(d, R, l).flatten(0, 1).cpu()  # (B*T, R, l+1)
             sums[l] = share.sum(0) if l not in sums else sums[l] + share.sum(0)
             mean_dense[l] = d.sum(dim=(0, 1)).cpu() + mean_dense.get(l, 0)
@@ -165,7 +167,9 @@ def strongest_routes(model, batches, tokenizer, *, top: int = 10, per_route: int
         i = router.sources(l).index(s)
         cols = (mean_dense[l] / n)[h, s * R:(s + 1) * R]  # the mean weight on each source head of the level
         heads = [int(g) for g in cols.argsort(descending=True)[:key_heads]]
-        keys = [(g, float(cols[g]), nearest_tokens(model, tokenizer, l, h, i * R + g, lens)) for g in heads]
+        per_head = router.kind.route_keys(router, l).shape[1] > len(router.sources(l))  # else one key per layer
+        keys = [(g, float(cols[g]), nearest_tokens(model, tokenizer, l, h, i * R + g if per_head else i, lens))
+                for g in heads]
         routes.append(Route(l, h, s, w, fires, keys))
     return routes
 
@@ -174,7 +178,9 @@ def strongest_routes(model, batches, tokenizer, *, top: int = 10, per_route: int
 def nearest_tokens(model, tokenizer, l: int, h: int, c: int, k: int = 5) -> list[str]:
     """The logit lens of layer l's key (routed head h, source column c): the k tokens whose
     embedding (un-scaled by the final norm's weight, through layer l's attention norm and query
-    projection, grouped per KV head) scores highest against it. [] for a router without keys."""
+    projection, grouped per KV head) scores highest against it; a dynamic router scoring the
+    hidden state (``model.router_dynamic.scores: hidden``) scores the normed embedding itself.
+    [] for a router without keys."""
     keys = model.router.kind.route_keys(model.router, l)
     if keys is None:
         return []
@@ -183,8 +189,12 @@ def nearest_tokens(model, tokenizer, l: int, h: int, c: int, k: int = 5) -> list
     blk = model.blocks[l]
     scale = model.norm.weight.detach()
     e = model.embed.weight.detach() / torch.where(scale.abs() < 1e-6, torch.full_like(scale, 1e-6), scale)
-    qv = blk.attn.wq(blk.attn_norm(e)).view(-1, R, H // R, Hd).mean(dim=2)[:, h]  # (V, Hd)
-    score = qv @ keys[h, c].to(qv.dtype) / math.sqrt(Hd)  # (V,)
+    if cfg.router_dynamic is not None and cfg.router_dynamic.scores == "hidden":
+        xv = blk.attn_norm(e)  # (V, D)
+        score = xv @ keys[h, c].to(xv.dtype)  # (V,): the hidden-state scores are unscaled
+    else:
+        qv = blk.attn.wq(blk.attn_norm(e)).view(-1, R, H // R, Hd).mean(dim=2)[:, h]  # (V, Hd)
+        score = qv @ keys[h, c].to(qv.dtype) / math.sqrt(Hd)  # (V,)
     top = score.topk(min(k, score.shape[0])).indices.tolist()
     return [_token_text(tokenizer, [t]) for t in top]
 

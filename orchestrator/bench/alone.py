@@ -21,19 +21,22 @@ from lime_arch.routing.mixers import make_mixer
 def _case(cfg: ModelConfig, batch: int, seq: int, device: torch.device):
     g = torch.Generator(device="cpu").manual_seed(0)
     L, R, Hd = cfg.n_layers, cfg.kv_heads, cfg.head_dim
-    router = build_router(cfg.router, n_layers=L, n_kv_heads=R, head_dim=Hd, init=cfg.router_init).to(device)
+    router = build_router(cfg.router, n_layers=L, n_kv_heads=R, head_dim=Hd, init=cfg.router_init,
+                          options=cfg.router_dynamic, d_model=cfg.d_model).to(device)
     kv = [torch.randn(batch, seq, R, Hd, generator=g).to(device).requires_grad_() for _ in range(2 * L)]
     gout = [torch.randn(batch, R, seq, Hd, generator=g).to(device) for _ in range(2 * L)]
     # the layers' queries: token-dependent kinds read them (and their gradient flows back to them)
     q = [torch.randn(batch, seq, cfg.n_heads, Hd, generator=g).to(device).requires_grad_() for _ in range(L)]
+    # and their normed inputs (the dynamic kind's hidden-state scores read them)
+    x = [torch.randn(batch, seq, cfg.d_model, generator=g).to(device).requires_grad_() for _ in range(L)]
 
     def run() -> None:
         mixer = make_mixer(router, cfg.routing_impl)
         outs = []
         for l in range(L):
-            outs.extend(mixer.route(l, kv[2 * l], kv[2 * l + 1], q=q[l]))
+            outs.extend(mixer.route(l, kv[2 * l], kv[2 * l + 1], q=q[l], x=x[l]))
         torch.autograd.backward(outs, gout)
-        for t in kv + q:
+        for t in kv + q + x:
             t.grad = None
         for p in router.parameters():
             p.grad = None

@@ -144,7 +144,7 @@ def routing_traffic(cfg: ModelConfig, batch: int, seq: int, elem: int = 4) -> in
         return None
     with torch.device("meta"):
         router = build_router(cfg.router, n_layers=cfg.n_layers, n_kv_heads=cfg.kv_heads,
-                              head_dim=cfg.head_dim, init="identity")
+                              head_dim=cfg.head_dim, init="identity", options=cfg.router_dynamic, d_model=cfg.d_model)
     return kvplan.step_traffic(router, batch, seq, elem)[1]
 
 

@@ -122,7 +122,8 @@ class SharedBody:
         self.model = build_model(self.cfgs[labels[0]]).to(device)
         self.fwd = compiled(self.model, compile_mode, len(labels))
         self.routers = {lab: build_router(c.router, n_layers=c.n_layers, n_kv_heads=c.kv_heads, head_dim=c.head_dim,
-                                          init=c.router_init).to(device) for lab, c in self.cfgs.items()}
+                                          init=c.router_init, options=c.router_dynamic, d_model=c.d_model).to(device)
+                        for lab, c in self.cfgs.items()}
         self.mixes = {lab: build_depth_mix(c.depth_mix, n_layers=c.n_layers, d_model=c.d_model, n_heads=c.n_heads,
                                            n_kv_heads=c.kv_heads, head_dim=c.head_dim, norm_eps=c.norm_eps,
                                            std=c.std).to(device) for lab, c in self.cfgs.items()}

@@ -1,6 +1,7 @@
 """The decoder written straight from the paper (arXiv 2502.09245), sharing no code with lime_arch:
 LLaMA blocks whose attention reads layer l's routed K/V, computed by the router kind's reference
 (``kind_references.py``) from a growing list of every layer's raw K/V (the pseudocode's buffer)."""
+import inspect
 import math
 
 import torch
@@ -24,7 +25,7 @@ def reference_forward(model, idx, sources, route=None):
     """Logits of ``model`` on ``idx``; ``sources(l)``: the slots layer l reads (the test's table);
     ``route``: the routing reference (default: the one of the router's kind), called with the raw
     parameter of layer l (None without one), the sources, the raw K and V so far (B, R, T, Hd)
-    and the layer's pre-RoPE query (B, H, T, Hd)."""
+    and the layer's pre-RoPE query (B, H, T, Hd), and its normed input ``x`` (B, T, D) if it takes one."""
     cfg = model.cfg
     H, R, Hd = cfg.n_heads, cfg.kv_heads, cfg.head_dim
     B, T = idx.shape
@@ -39,7 +40,9 @@ def reference_forward(model, idx, sources, route=None):
         buf_k.append((h @ a.wk.weight.T).view(B, T, R, Hd).transpose(1, 2))  # raw (B, R, T, Hd)
         buf_v.append((h @ a.wv.weight.T).view(B, T, R, Hd).transpose(1, 2))
         w = weights[l - 1] if l > 0 and weights else None
-        k, v = route(w, sorted(sources(l)), buf_k, buf_v, l, q)
+        # a reference that reads the layer's normed input (the dynamic router's hidden-state scores) takes x
+        kw = {"x": h} if "x" in inspect.signature(route).parameters else {}
+        k, v = route(w, sorted(sources(l)), buf_k, buf_v, l, q, **kw)
         q, k = rope(q, cfg.rope_theta), rope(k, cfg.rope_theta)
         k, v = k.repeat_interleave(H // R, 1), v.repeat_interleave(H // R, 1)
         att = q @ k.transpose(-1, -2) / math.sqrt(Hd)

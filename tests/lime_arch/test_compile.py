@@ -29,6 +29,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
+from dynamic_reference import PAPER, V1, options
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import lime_arch
@@ -55,7 +56,12 @@ def _depth_mix_cases() -> list[str]:
             for m in specs()] if callable(specs) else []
 
 
-MODEL_CASES = [*router_specs(), "full/concat", *_depth_mix_cases()]
+# the dynamic router's forms (``model.router_dynamic``, ``dynamic_reference.py``) as ``spec:form``
+FORMS = {"v1": V1, "paper": PAPER, "query-layers": ("query", "layers", True),
+         "hidden-heads": ("hidden", "layers-heads", True)}
+FORM_CASES = ["dynamic:v1", "dynamic:paper", "dynamic-last-2:query-layers", "dynamic-first-2:hidden-heads",
+              "dynamic:v1/concat"]
+MODEL_CASES = [*router_specs(), "full/concat", *FORM_CASES, *_depth_mix_cases()]
 BUFFERED = [s for s in router_specs((2,)) if isinstance(parse_router(s)[0].kind, BufferedKind)]  # buffer mixer
 LEARNED = [s for s in router_specs((2, 4)) if isinstance(parse_router(s)[0].kind, BufferedKind)]
 
@@ -188,7 +194,10 @@ def test_compiled_blocked_mixer_equals_eager(spec):
 def _model(case: str, layers: int = 4):
     spec, _, impl = case.partition("/")
     router, _, mix = spec.partition("+")
+    router, _, form = router.partition(":")
     extra = {"depth_mix": mix} if mix else {}
+    if form:
+        extra["router_dynamic"] = options(FORMS[form])
     cfg = preset("tiny", n_layers=layers, d_model=32, n_heads=4, n_kv_heads=2, router=router, vocab_size=48,
                  max_seq_len=24, routing_impl=impl or "buffer", **extra)
     torch.manual_seed(0)

@@ -156,7 +156,7 @@ def _gate(k, v, q):
 
 
 class _GateMixer:
-    def route(self, l, k, v, q=None):
+    def route(self, l, k, v, q=None, x=None):  # x: the layer's normed input, which this kind ignores
         return (k.transpose(1, 2), v.transpose(1, 2)) if l == 0 else _gate(k, v, q)
 
 
@@ -176,7 +176,7 @@ class QueryGateKind(RouterKind):
     def make_mixer(self, router, *, block=None, use_ops=None):
         return _GateMixer()
 
-    def concat_route(self, router, l, k, v, k_all, v_all, q):
+    def concat_route(self, router, l, k, v, k_all, v_all, q, x=None):
         return _gate(k, v, q)
 
     def traffic_slots(self, router, block):

@@ -25,7 +25,8 @@ Tensor = torch.Tensor
 class RouterKind:
     """What a router's ``weight(l)`` is and how its mixing runs. ``router`` arguments are the router
     object (``lime_arch.routers.Router``): ``n_layers``, ``R`` (KV heads), ``head_dim``,
-    ``sources(l)``, ``weight(l)``, ``weight_shape(l)``, ``init``. Layer 0 reads its own K/V under
+    ``sources(l)``, ``weight(l)``, ``weight_shape(l)``, ``init``, ``options`` (the kind's typed
+    options, ``check_options``) and ``d_model``. Layer 0 reads its own K/V under
     every kind (the concatenation reference relies on it).
 
     What a new kind implements (one module, ``register_kind(MyKind())``; the buffered kinds share
@@ -39,13 +40,16 @@ class RouterKind:
       token_mixing       the dense mixing per token for the layer's query (default: ``dense``)
       macs_per_token     multiply-accumulates per token of routing K and V at layer l (the FLOP
                          accounting, ``lime_arch.accounting``, sums them)
-      make_mixer         the object whose ``route(l, k, v, q=None)`` maps layer l's raw, pre-RoPE K/V
-                         (B, T, R, Hd) to routed K/V (B, R, T, Hd), once per forward pass and layer in
-                         order 0..L-1; ``q`` is the layer's query (B, T, H, Hd), pre-RoPE, which static
-                         kinds ignore. The same object runs training, prefill and decoding: routing is
-                         per position, so the KV cache (``lime_arch.model.KVCache``) holds routed,
+      check_options, decays  the router's typed options (default: none taken), and which of its
+                         parameters take weight decay (default: none; ``lime_arch.optim``)
+      make_mixer         the object whose ``route(l, k, v, q=None, x=None)`` maps layer l's raw,
+                         pre-RoPE K/V (B, T, R, Hd) to routed K/V (B, R, T, Hd), once per forward pass
+                         and layer in order 0..L-1; ``q`` is the layer's query (B, T, H, Hd), pre-RoPE,
+                         and ``x`` its normed attention input (B, T, D), which static kinds ignore.
+                         The same object runs training, prefill and decoding: routing is per
+                         position, so the KV cache (``lime_arch.model.KVCache``) holds routed,
                          post-RoPE K/V of the baseline's size whatever the kind, as long as a token's
-                         routed K/V depend only on that token's K/V (and query) at layers <= l. A fast
+                         routed K/V depend only on that token's K/V (query, input) at layers <= l. A fast
                          path for a few tokens without autograd (decoding) is the mixer's business
                          (``BufferedKind.few_token_path``).
       concat_route       the paper's pseudocode on the concatenated buffer (``routing_impl: concat``):
@@ -82,6 +86,17 @@ class RouterKind:
         return f"RouterKind({self.name!r})"
 
     # -- the router's side -----------------------------------------------------------------------
+    def check_options(self, options, d_model: int | None):
+        """The router's ``options`` as this kind keeps them (``RouterModule.options``); a kind
+        without options takes only None."""
+        if options is not None:
+            raise ValueError(f"router kind {self.name} takes no options, got {options!r}")
+        return None
+
+    def decays(self, router, name: str) -> bool:
+        """Whether the router's parameter ``name`` takes weight decay (default: no router weight does)."""
+        return False
+
     def operand_shape(self, router, l: int) -> tuple[int, ...] | None:
         """The shape of ``weight(l)`` (None: the kind multiplies no weight)."""
         return None
@@ -92,11 +107,12 @@ class RouterKind:
     def dense(self, router, l: int) -> Tensor:
         raise NotImplementedError
 
-    def token_mixing(self, router, l: int, q: Tensor, keys: list[Tensor] | None = None) -> Tensor:
+    def token_mixing(self, router, l: int, q: Tensor, keys: list[Tensor] | None = None,
+                     x: Tensor | None = None) -> Tensor:
         """Layer l's dense mixing per token, (B, T, R, (l+1)R[, Hd]), for the layer's query q
-        (B, T, H, Hd) and the raw keys (B, T, R, Hd) of layers 0..l (read by kinds whose weights
-        depend on them, depth attention): ``dense(l)`` at every token, unless the kind is
-        token-dependent."""
+        (B, T, H, Hd), the raw keys (B, T, R, Hd) of layers 0..l (read by kinds whose weights
+        depend on them, depth attention) and its attention input x (B, T, D) (the dynamic kind's
+        hidden-state scores): ``dense(l)`` at every token, unless the kind is token-dependent."""
         d = self.dense(router, l).to(q)
         return d.expand(q.shape[0], q.shape[1], *d.shape)
 
@@ -120,9 +136,10 @@ class RouterKind:
         raise NotImplementedError
 
     def concat_route(self, router, l: int, k: Tensor, v: Tensor, k_all: Tensor, v_all: Tensor,
-                     q: Tensor | None) -> tuple[Tensor, Tensor]:
+                     q: Tensor | None, x: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Layer l >= 1 of the concatenation reference: k, v (B, T, R, Hd) are layer l's raw K/V,
-        k_all, v_all (B, T, (l+1)R, Hd) every layer's so far; routed (B, R, T, Hd)."""
+        k_all, v_all (B, T, (l+1)R, Hd) every layer's so far, q and x its query and attention
+        input; routed (B, R, T, Hd)."""
         d = router.dense(l).to(device=k.device, dtype=k.dtype)
         eq = "hc,btcd->bhtd" if d.dim() == 2 else "hcd,btcd->bhtd"
         return torch.einsum(eq, d, k_all), torch.einsum(eq, d, v_all)

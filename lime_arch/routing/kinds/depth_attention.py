@@ -69,7 +69,8 @@ class DepthAttentionMixer:
         self.k: list[Tensor] = []
         self.v: list[Tensor] = []
 
-    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None,
+              x: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self.k.append(k)  # (B, T, R, Hd)
         self.v.append(v)
         if q is None:
@@ -88,7 +89,8 @@ class DepthAttentionKind(RouterKind):
     def dense(self, router, l: int) -> Tensor:
         raise NotImplementedError("router kind depth-attention: the mixing depends on the tokens (no dense matrix)")
 
-    def token_mixing(self, router, l: int, q: Tensor, keys: list[Tensor] | None = None) -> Tensor:
+    def token_mixing(self, router, l: int, q: Tensor, keys: list[Tensor] | None = None,
+                     x: Tensor | None = None) -> Tensor:
         """Layer l's value mixing per token (B, T, R, (l+1)R), head r reading slot s*R + r with the
         softmax weight of source s; ``keys`` are the raw keys (B, T, R, Hd) of layers 0..l. The
         keys themselves are not mixed (each layer keeps its own)."""
@@ -112,7 +114,7 @@ class DepthAttentionKind(RouterKind):
     def make_mixer(self, router, *, block=None, use_ops=None) -> DepthAttentionMixer:
         return DepthAttentionMixer(router)
 
-    def concat_route(self, router, l, k, v, k_all, v_all, q):
+    def concat_route(self, router, l, k, v, k_all, v_all, q, x=None):
         R = k.shape[2]
         src = router.sources(l)
         keys = [k_all[:, :, s * R:(s + 1) * R] for s in src]  # (B, T, R, Hd) each

@@ -14,7 +14,8 @@ class IdentityMixer:
     def __init__(self, router):
         self.router = router
 
-    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None,
+              x: Tensor | None = None) -> tuple[Tensor, Tensor]:
         return k.transpose(1, 2), v.transpose(1, 2)  # (B, R, T, Hd)
 
 
@@ -30,7 +31,7 @@ class IdentityKind(RouterKind):
     def make_mixer(self, router, *, block=None, use_ops=None) -> IdentityMixer:
         return IdentityMixer(router)
 
-    def concat_route(self, router, l, k, v, k_all, v_all, q):
+    def concat_route(self, router, l, k, v, k_all, v_all, q, x=None):
         return k.transpose(1, 2), v.transpose(1, 2)  # exactly the layer's own K/V, as the mixer
 
     def traffic_slots(self, router, block) -> int:

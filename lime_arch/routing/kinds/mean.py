@@ -16,7 +16,8 @@ class MeanMixer:
         self.router = router
         self.sum_k = self.sum_v = None
 
-    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def route(self, l: int, k: Tensor, v: Tensor, q: Tensor | None = None,
+              x: Tensor | None = None) -> tuple[Tensor, Tensor]:
         self.sum_k = k if l == 0 else self.sum_k + k  # (B, T, R, Hd)
         self.sum_v = v if l == 0 else self.sum_v + v
         return (self.sum_k / (l + 1)).transpose(1, 2), (self.sum_v / (l + 1)).transpose(1, 2)

@@ -35,8 +35,8 @@ def test_value_residual_values_are_what_attention_reads(monkeypatch):
         mixer = make(router, impl)
         route = mixer.route
 
-        def rec(l, k, v, q=None):
-            kr, vr = route(l, k, v, q=q)
+        def rec(l, k, v, q=None, x=None):  # the mixer's interface: the layer's query and normed input
+            kr, vr = route(l, k, v, q=q, x=x)
             routed[l] = vr.transpose(1, 2).reshape(2, 10, -1)
             return kr, vr
 

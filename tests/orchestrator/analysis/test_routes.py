@@ -148,3 +148,44 @@ def test_logit_lens_of_a_key_by_hand():
                                                        for t in want]
     static = build_model(preset("tiny", router="full"))
     assert nearest_tokens(static, TOK, 2, 0, 0) == []  # a static router has no keys
+
+
+def test_v1_form_maps_routes_and_logit_lens_by_hand():
+    """The v1 form (``model.router_dynamic``: hidden-state scores, a softmax over layers, no gate):
+    the map is the per-token softmax of x . key over the source layers, on head h of each, recomputed
+    here in numpy from the captured normed inputs; the routes run; a key's nearest tokens score the
+    normed embedding itself (no query projection, no scale)."""
+    torch.manual_seed(0)
+    form = {"scores": "hidden", "softmax": "layers", "gate": False}
+    model = build_model(preset("tiny", router="dynamic", n_kv_heads=2, router_dynamic=form)).double()
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(1)
+        for w in model.router.weights:
+            w.normal_(0.0, 0.5, generator=g)
+        model.norm.weight.uniform_(0.5, 1.5)
+    cfg = model.cfg
+    R, D, L = cfg.kv_heads, cfg.d_model, cfg.n_layers
+    x = _ids(4)
+    with torch.no_grad(), capture(model) as st:
+        model(x)
+    maps = mixing_maps(model, [x])
+    for l in range(1, L):
+        u = st["inputs"][l].numpy()  # (N, T, D)
+        keys = model.router.weights[l - 1].detach().numpy().reshape(R, l + 1, D)
+        d = np.zeros((*u.shape[:2], R, (l + 1) * R))
+        for h in range(R):
+            s = u @ keys[h].T  # (N, T, l+1)
+            e = np.exp(s - s.max(-1, keepdims=True))
+            d[:, :, h, h::R] = e / e.sum(-1, keepdims=True)  # head h of every source layer
+        np.testing.assert_allclose(maps.dense[l], d.mean((0, 1)), rtol=1e-5, atol=1e-7)
+    routes = strongest_routes(model, [x], TOK, top=3, per_route=2, lens=3, key_heads=1)
+    assert len(routes) == 3 and all(len(r.keys) == 1 and len(r.keys[0][2]) == 3 for r in routes)
+    assert all(r.keys[0][0] == r.head for r in routes)  # layers: a routed head reads its own head index
+    l, h, i = 2, 1, 0
+    blk = model.blocks[l]
+    e = model.embed.weight.detach().numpy() / model.norm.weight.detach().numpy()
+    xn = e / np.sqrt((e ** 2).mean(-1, keepdims=True) + cfg.norm_eps) * blk.attn_norm.weight.detach().numpy()
+    key = model.router.weights[l - 1].detach().numpy().reshape(R, l + 1, D)[h, i]
+    want = np.argsort(-(xn @ key))[:5]
+    assert nearest_tokens(model, TOK, l, h, i, 5) == [TOK.decode([int(t)]).encode("unicode_escape").decode()
+                                                       for t in want]
