@@ -44,14 +44,13 @@ def unknown(spec, configs) -> tuple[str, str] | None:
 
 def problem(metric: str, finals: set[str], prefixes: set[str], ev) -> str | None:
     """Why no trial will log ``metric`` (None: one may)."""
-    evals = ("eval/<task>/<metric> for the tasks of its eval: block" if ev is not None else
-             "no eval/ metrics (no eval: block)")
+    evals = ("eval metrics: eval/<task>/<metric> for the tasks of its eval: block" if ev is not None else
+             "eval metrics: none (no eval: block)")
     if metric.startswith(FINAL):
         if metric in finals or any(metric.startswith(p) for p in prefixes):
             return None
         listed = sorted(finals) + [p + "<group>" for p in sorted(prefixes)]
-        return (f"{metric!r} is not a metric this sweep's trials log; final metrics: {', '.join(listed)}; and "
-                + evals)
+        return f"{metric!r} is not a metric this sweep's trials log; final metrics: {', '.join(listed)}; {evals}"
     if not metric.startswith(METRIC_PREFIX):
         return None
     task = metric[len(METRIC_PREFIX):].split("/", 1)[0]
