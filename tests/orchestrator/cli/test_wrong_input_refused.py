@@ -117,8 +117,8 @@ def test_a_router_beyond_the_models_depth_is_refused(tmp_path, capsys):
     layers = _sweep(tmp_path, "deep-layers", tiny(model={"router": "last-3"}), grid={"model.n_layers": [4, 2]},
                     report={"axis": "model.n_layers", "baseline": 4})
     assert _line(capsys, ["sweep", "run", str(layers), "--dry-run"]) == (
-        f"error: {layers}: grid.model.n_layers[1] (2): model.router: 'last-3': j 3 is beyond the model's depth; allowed: "
-        "1 to 2 (model.n_layers)")
+        f"error: {layers}: grid.model.n_layers[1] (2): model.router: 'last-3': j 3 is beyond the model's depth; "
+        "allowed: 1 to 2 (model.n_layers)")
     assert _line(capsys, ["train", "--preset", "tiny", "--set", "model.router=dynamic-last-5"]) == (
         "error: model.router: 'dynamic-last-5': j 5 is beyond the model's depth; allowed: 1 to 4 (model.n_layers)")
     _nothing_written(tmp_path)
