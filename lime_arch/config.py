@@ -13,7 +13,7 @@ from typing import Any
 
 from lime_arch.depth_mix import check_depth_mix
 from lime_arch.errors import ConfigError
-from lime_arch.routers import check_prunable, check_router
+from lime_arch.routers import check_prunable, parse_router
 
 ATTN_IMPLS = ("sdpa", "flash", "eager")
 PRUNE_KEYS = ("top_p", "start", "every", "renormalize")
@@ -131,7 +131,7 @@ class ModelConfig:
                 raise ConfigError(f"model.{name}: {getattr(self, name)!r} is not one of {', '.join(allowed)}")
         if not isinstance(self.tie_embeddings, bool):
             raise ConfigError(f"model.tie_embeddings: must be true or false, got {self.tie_embeddings!r}")
-        router_cls = check_router(self.router, n_layers=self.n_layers)  # ConfigError: unknown, or deeper than the model
+        router_cls, _ = parse_router(self.router)  # raises ConfigError listing the registered routers
         check_depth_mix(self.depth_mix, n_layers=self.n_layers)  # the same for the depth mixes
         object.__setattr__(self, "router_prune", RouterPrune.from_value(self.router_prune))
         if self.router_prune is not None:
