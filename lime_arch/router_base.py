@@ -79,6 +79,9 @@ class Router(Declared):
     name: ClassVar[str]
     kind: ClassVar[Any]  # a KindName (or a RouterKind); checked at registration
     arguments: ClassVar[tuple[RouterArg, ...]] = ()
+    # the arguments counted in layers (first-<j>'s j): at most model.n_layers, where a larger value
+    # routes exactly as the largest one does and the spec would say what the model cannot do
+    depth_args: ClassVar[tuple[str, ...]] = ()
 
     @property
     def spec(self) -> str:
@@ -97,6 +100,17 @@ def kind_name(router_cls: type) -> str:
     """The name of a router class's kind, read torch-free (the ``KindName`` it declares)."""
     k = inspect.getattr_static(router_cls, "kind")
     return k.name
+
+
+def check_router(spec: str, *, n_layers: int, key: str = "model.router") -> type[Router]:
+    """Parse ``spec`` and check its layer-counted arguments against the model's depth (ConfigError,
+    one line naming ``key`` and the allowed range); the router class."""
+    cls, args = parse_router(spec)
+    for name, value in zip((a.name for a in cls.arguments), args):
+        if name in cls.depth_args and isinstance(n_layers, int) and value > n_layers:
+            raise ConfigError(f"{key}: {spec!r}: {name} {value:g} is beyond the model's depth; allowed: 1 to "
+                              f"{n_layers} (model.n_layers)")
+    return cls
 
 
 def check_prunable(router_cls: type, key: str = "model.router_prune") -> None:

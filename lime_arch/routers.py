@@ -31,6 +31,7 @@ from lime_arch.router_base import (
     RouterArg,
     build_router,
     check_prunable,
+    check_router,
     parse_router,
     register_router,
     router_specs,
@@ -41,7 +42,7 @@ from lime_arch.router_base import (
 __all__ = ["ROUTERS", "AverageRouter", "DepthAttentionRouter", "DilatedRouter", "DynamicFirstRouter",
            "DynamicLastRouter", "DynamicRouter", "FirstRouter", "FullRouter", "KindName", "LastRouter",
            "NoHeadMixRouter", "NoneRouter", "PerDimRouter", "Router", "RouterArg", "build_router", "check_prunable",
-           "parse_router", "register_router", "router_specs", "PRUNABLE_KINDS"]
+           "check_router", "parse_router", "register_router", "router_specs", "PRUNABLE_KINDS"]
 
 
 def __getattr__(name: str):
@@ -82,6 +83,7 @@ class LastRouter(Router):
 
     kind = KindName("linear")
     arguments = (RouterArg("j"),)
+    depth_args = ("j",)
     j: int
 
     def sources(self, l: int) -> list[int]:
@@ -94,6 +96,7 @@ class FirstRouter(Router):
 
     kind = KindName("linear")
     arguments = (RouterArg("j"),)
+    depth_args = ("j",)
     j: int
 
     def sources(self, l: int) -> list[int]:
@@ -106,6 +109,7 @@ class DilatedRouter(Router):
 
     kind = KindName("linear")
     arguments = (RouterArg("d", example=8),)  # dilated-8: the paper's Table 15 setting
+    depth_args = ("d",)
     d: int
 
     def sources(self, l: int) -> list[int]:

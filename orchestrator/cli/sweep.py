@@ -12,7 +12,7 @@ import os
 from lime_arch.errors import ConfigError
 from orchestrator.cli.plan import dry_run_block
 from orchestrator.core.tracking import tracking_uri
-from orchestrator.sweep import connect, preflight
+from orchestrator.sweep import connect, metric_names, preflight
 from orchestrator.sweep.blocks import check_name, with_options
 from orchestrator.sweep.spec import load_spec
 
@@ -23,6 +23,10 @@ def cmd_run(args) -> int:
     options = (getattr(args, "until_decided", False), getattr(args, "max_seeds", None), getattr(args, "margin", None),
                getattr(args, "budget", None))
     spec = with_options(spec, *options)  # the wave options, checked with the file: still torch-free
+    if options[2] is not None:  # --margin's metrics are ones the trials log, as the file's are
+        found = metric_names.unknown(spec, [t.config for t in spec.trials()])
+        if found:
+            raise ConfigError(f"--margin: {found[1]}")
     if spec.decide is not None and add:
         raise ConfigError("--add-seeds: a sweep run until decided adds its own seeds (waves); drop --add-seeds")
     address = getattr(args, "address", None) or os.environ.get("RAY_ADDRESS") or None

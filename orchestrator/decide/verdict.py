@@ -113,6 +113,7 @@ class Margin:
 
 
 METRIC_NAME = re.compile(r"[A-Za-z0-9_.-]+(/[A-Za-z0-9_.@-]+)+\Z")
+MAX_PERCENT = 100.0  # a relative margin is below the baseline's whole mean: any equivalence at 100% is vacuous
 _PCT = re.compile(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*%\s*\Z")
 
 
@@ -126,6 +127,9 @@ def parse_margin(v: Any, where: str = "report.margin") -> Margin:
         return Margin(float(v), False)
     if isinstance(v, str):
         m = _PCT.match(v)
+        if m and float(m.group(1)) >= MAX_PERCENT:  # a margin as wide as the baseline's mean decides nothing
+            raise ConfigError(f"{where}: a percentage must be above 0 and below {MAX_PERCENT:g}% of the baseline's "
+                              f"mean, such as '1%' (or give an absolute margin in the metric's units), got {v!r}")
         if m and float(m.group(1)) > 0:
             return Margin(float(m.group(1)), True)
         try:

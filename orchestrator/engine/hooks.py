@@ -37,6 +37,7 @@ from orchestrator.core.keys import ALIASES
 from orchestrator.core.outbox import TrackingUnavailable, wait_bound
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import RunLogger, flatten, git_sha
+from orchestrator.engine import final_names
 from orchestrator.engine.trainer import Hook, Trainer
 
 
@@ -67,10 +68,10 @@ class CostHook(Hook):
         out = {}
         times = _finite(h.get("perf/step_time_ms") for h in t.history)
         if times:
-            out["final/step_time_ms"] = statistics.median(times)
+            out[final_names.STEP_TIME] = statistics.median(times)
         mem = _finite(h.get("perf/train_mem_mb") for h in t.history)
         if mem:
-            out["final/train_mem_mb"] = max(mem)
+            out[final_names.TRAIN_MEM] = max(mem)
         return out
 
 

@@ -14,6 +14,7 @@ Without ``model.router_prune`` the hook does nothing.
 from __future__ import annotations
 
 from lime_arch import prune
+from orchestrator.engine import final_names
 from orchestrator.engine.trainer import Hook, Trainer
 
 
@@ -39,7 +40,7 @@ class RouterPruneHook(Hook):
         if t.mcfg.router_prune is None:
             return {}
         st = prune.stats(t.model.router)
-        out = {"final/pruned_weights": float(sum(st.pruned)), "final/router_weights": float(sum(st.total)),
-               "final/pruned_fraction": st.fraction, "final/skipped_sources": float(sum(map(len, st.skipped)))}
+        out = {final_names.PRUNED: float(sum(st.pruned)), final_names.ROUTER_WEIGHTS: float(sum(st.total)),
+               final_names.PRUNED_FRACTION: st.fraction, final_names.SKIPPED: float(sum(map(len, st.skipped)))}
         out.update({f"prune/pruned_weights/layer_{l}": float(n) for l, n in enumerate(st.pruned) if l})
         return out

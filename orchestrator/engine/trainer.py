@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from lime_arch import ConfigError, build_model
 from orchestrator.core.record import FINAL_VAL_LOSS, FINAL_VAL_LOSS_SE, VAL_LOSS, VAL_LOSS_SE
 from orchestrator.core.status import TrialStatus
+from orchestrator.engine import final_names
 from orchestrator.engine.checkpoint import (
     CKPT_NAME,
     OR_FRESH,
@@ -299,12 +300,12 @@ class Trainer:
         """Validation, the data source's own metrics (task accuracy) and the hooks' metrics."""
         final = self.evaluate()
         final.update({FINAL_VAL_LOSS: final[VAL_LOSS], FINAL_VAL_LOSS_SE: final[VAL_LOSS_SE],
-                      "final/val_ppl": final["val/ppl"]})
+                      final_names.VAL_PPL: final["val/ppl"]})
         self.model.eval()
         task_metrics = self.data.evaluate(self.model, self.device)
         self.model.train()
         final.update(task_metrics)
-        final.update({f"final/{k.split('/', 1)[1]}": v for k, v in task_metrics.items() if k.startswith("val/")})
+        final.update({final_names.final_of(k): v for k, v in task_metrics.items() if k.startswith(final_names.VAL)})
         for h in self.hooks:
             final.update(h.final_metrics(self))
         return final
@@ -330,5 +331,5 @@ class Trainer:
             getattr(h, phase)(self, *args)
 
     def _result(self, status: TrialStatus, final: dict, ck: str | None) -> TrialResult:
-        return TrialResult(status, self.step, final.get("final/val_loss"), final.get("final/val_ppl"), self.run_id,
+        return TrialResult(status, self.step, final.get(FINAL_VAL_LOSS), final.get(final_names.VAL_PPL), self.run_id,
                            ck, self.history, last_values(self.history))

@@ -21,6 +21,7 @@ from pydantic.dataclasses import dataclass
 
 from lime_arch.config import PRESETS, ModelConfig, preset
 from lime_arch.errors import ConfigError
+from lime_arch.routers import check_router
 from orchestrator.core.validation import CONFIG, Bool, Float, Int, Mapping, Str, optional_number, validate
 from orchestrator.engine.sources import (  # noqa: F401 - the names of the data sources, declared there
     CORPUS_SOURCES,
@@ -126,6 +127,10 @@ class TrialConfig:
         if self.preset not in PRESETS:
             raise ConfigError(f"preset: unknown preset {self.preset!r}; allowed: {', '.join(PRESETS)}")
         mc = self.model_config()
+        # a trial's router reads no layer the model lacks (first-20 on 12 layers routes as first-12 would):
+        # checked here, for the trials of `lime train` and sweeps; lime_arch's own configs (benchmarks,
+        # references) may still build one
+        check_router(mc.router, n_layers=mc.n_layers)
         t, o, d = self.train, self.optim, self.data
         if t.seq_len > mc.max_seq_len:
             raise ConfigError(f"train.seq_len: {t.seq_len} is longer than model.max_seq_len={mc.max_seq_len}")

@@ -17,7 +17,7 @@ from pydantic.dataclasses import dataclass
 from lime_arch.errors import ConfigError
 from orchestrator.core.validation import CONFIG, Bool, FieldError, Float, Int, Str
 from orchestrator.decide.verdict import BUDGET_UNITS, margin_for, margins_text, parse_margins
-from orchestrator.sweep.checks import SearchParam, check_decide, parse_space
+from orchestrator.sweep.checks import SEED, SearchParam, check_decide, key_of, parse_space
 
 MAX_SEEDS = 1000  # decide.max_seeds and --max-seeds: seeds per arm at most
 NAME_RE = re.compile(r"[a-z0-9][a-z0-9-]*\Z")
@@ -191,6 +191,11 @@ def with_options(spec: Any, until_decided: bool, max_seeds: str | None, margin: 
         if not 2 <= n <= MAX_SEEDS or str(max_seeds).strip() != str(n):
             raise ConfigError(f"--max-seeds: must be an integer in [2, {MAX_SEEDS}] (seeds per arm at most, as "
                               f"decide.max_seeds), got {max_seeds!r}")
+        axis = next((a for a in spec.grid if key_of(a) == SEED), None)
+        first = len(spec.grid[axis]) if axis is not None else 0
+        if axis is not None and n <= first:  # the first wave (the file's seeds) always runs: no wave could add one
+            raise ConfigError(f"--max-seeds: {n} is not above the first wave's {first} seeds (grid.{axis}): no wave "
+                              f"could add a seed; give more than {first}")
         dec.max_seeds = n
     if margin is not None:
         if not margin.strip():  # parse_margins reads "" as no margin: a flag given empty is a mistake

@@ -321,6 +321,10 @@ def check_decide(spec: Any) -> None:
     if len(spec.grid[seed]) > spec.decide.max_seeds:
         raise FieldError(f"{len(spec.grid[seed])} seeds in grid.{seed} (the first wave) exceed max_seeds "
                          f"{spec.decide.max_seeds}", "decide.max_seeds")
+    if len(spec.grid[seed]) == spec.decide.max_seeds:  # the first wave is the whole sweep: no wave could add one
+        raise FieldError(f"{spec.decide.max_seeds} equals the {len(spec.grid[seed])} seeds of grid.{seed} (the first "
+                         f"wave): no wave could add a seed; give more than {len(spec.grid[seed])} (or drop decide:)",
+                         "decide.max_seeds")
     if not all(isinstance(s, int) and not isinstance(s, bool) for s in spec.grid[seed]):
         raise FieldError("the seeds must be integers (a wave adds the next ones)", f"grid.{seed}")
     if spec.decide.margin is not None:  # the waves stop on the compared metric's margin: one for another is a mistake

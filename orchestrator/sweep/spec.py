@@ -27,7 +27,7 @@ from orchestrator.core.fmt import human  # noqa: F401 - the dry run's numbers
 from orchestrator.core.keys import ALIASES, VARIANT  # noqa: F401 - part of the format's vocabulary
 from orchestrator.core.validation import validate
 from orchestrator.engine.trial_config import TrialConfig
-from orchestrator.sweep import limits
+from orchestrator.sweep import limits, metric_names
 from orchestrator.sweep.blocks import AnalysisSpec, AshaSpec, ReportSpec, Resources, SearchSpec  # noqa: F401
 from orchestrator.sweep.checks import SearchParam, format_value, resolve_key  # noqa: F401
 from orchestrator.sweep.files import FileError, is_base, origin_of, read_yaml, resolve, sweep_files
@@ -81,6 +81,7 @@ def parse_spec(data: Any, *, stem: str | None = None, path: str | None = None, t
         spec.path, spec.text, spec.resolved = path, text, copy.deepcopy(res.data)
         spec.root = str(Path(path).resolve().parent) if path else os.getcwd()  # relative data paths: once, here
         _validate_trials(spec)
+        _check_metric_names(spec)
     except FileError:
         raise
     except ConfigError as e:
@@ -127,6 +128,19 @@ def _validate_trials(spec: SweepSpec) -> None:
             check({name: v, **idx}, f"search.space.{name}.{p.kind}")
     for corner in (0, -1):  # all lows, all highs together
         check({n: _probe_values(p)[corner] for n, p in space.items()})
+
+
+def _check_metric_names(spec: SweepSpec) -> None:
+    """The report's metric and the margins' name metrics the trials will log (``metric_names``);
+    a search sweep's trials are seen through the probes of its space."""
+    if spec.search is None:
+        configs = [t.config for t in spec.trials()]
+    else:
+        idx = {"__trial_index__": 0}
+        configs = [spec.trial_config({n: v, **idx}) for n, p in spec.search.space.items() for v in _probe_values(p)]
+    found = metric_names.unknown(spec, configs)
+    if found:
+        raise ConfigError(f"{found[0]}: {found[1]}")
 
 
 def _passes(spec: SweepSpec, params: dict) -> bool:

@@ -46,6 +46,7 @@ import torch
 
 from lime_arch import ConfigError
 from lime_arch.model import KVCache
+from orchestrator.engine import final_names
 from orchestrator.engine.data.registry import IGNORE, register_source
 from orchestrator.engine.taskspec import build_task, task_error
 from orchestrator.engine.trial_config import DataConfig
@@ -193,9 +194,8 @@ class TaskData:
             malformed += self.task.extract_answer(text) is None
             for g in ["", *self.task.metric_groups(ex)]:
                 hits.setdefault(g, []).append(ok)
-        out = {("val/accuracy" if g == "" else f"val/accuracy_{g}"): sum(v) / len(v)
-               for g, v in sorted(hits.items()) if v}
-        out["val/malformed"] = malformed / len(texts)
+        out = {final_names.task_group(g): sum(v) / len(v) for g, v in sorted(hits.items()) if v}
+        out[final_names.TASK_MALFORMED] = malformed / len(texts)
         return out
 
     def describe(self) -> dict:

@@ -154,8 +154,11 @@ def test_options_are_checked_before_anything_runs(env):
         decide.with_options(spec, True, None, "-1")
     with pytest.raises(ConfigError, match="only with --until-decided"):
         decide.with_options(spec, False, "8", None)
-    with pytest.raises(ConfigError, match="exceed max_seeds 4"):
-        decide.with_options(spec, True, "4", None)
+    for n in ("4", "6"):  # below or at the first wave's 6 seeds: no wave could add one
+        with pytest.raises(ConfigError) as e:
+            decide.with_options(spec, True, n, None)
+        assert str(e.value) == (f"--max-seeds: {n} is not above the first wave's 6 seeds (grid.seed): no wave could "
+                                "add a seed; give more than 6")
     assert decide.with_options(spec, False, None, None).decide is None
     with pytest.raises(ConfigError, match=r"decide: the grid's axes must be the compared one"):
         parse_spec({"name": "x", "description": "x", "base": {"preset": "tiny"},
