@@ -18,7 +18,8 @@ SEED         := $(or $(SHUFFLE_SEED),$(shell od -An -N3 -tu4 /dev/urandom | tr -
 FAST_TESTS   := -m "not slow and not cluster"
 XDIST        := -n $(TEST_WORKERS) --dist $(TEST_DIST)
 # `make bench`: the headline table (L16 MHA/GQA eager and compiled, L64-MHA eager; rows stop once their
-# interval decides their target; ~20 min alone on 2 cores, docs/BENCH.md); `make bench-full`: every shape
+# interval decides their target; estimated, not yet measured: ~21 min alone on 2 cores with a warm Inductor
+# cache, ~38 min cold, docs/BENCH.md); `make bench-full`: every shape
 BENCH_ARGS ?= --headline --compile default
 BENCH_FULL_ARGS ?= --compile default
 REFUSAL_ARGS ?=
