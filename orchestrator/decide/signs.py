@@ -51,6 +51,14 @@ def fixed_depth(n: int, level: float) -> int:
     return k
 
 
+def fixed_error(n: int, level: float) -> float:
+    """The exact error bound of the fixed-n sign interval at ``level``: 2 P(Bin(n, 1/2) <= k - 1) at its
+    depth k (at most 1 - level; what it leaves of 1 - level another interval may spend), 1.0 when the
+    interval is the whole line."""
+    k = fixed_depth(n, level)
+    return min(1.0, 2.0 * float(sps.binom.cdf(k - 1, n, 0.5))) if k else 1.0
+
+
 def log_mixture(s: np.ndarray | int, n: int, c: float = PRIOR_C) -> np.ndarray:
     """log M_n for S = s positive signs among n (see the module docstring)."""
     s = np.asarray(s, np.float64)

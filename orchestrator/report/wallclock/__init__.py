@@ -16,9 +16,13 @@ The step times are measured for the report, never taken from the trials (theirs 
 round ratios are saved in ``throughput.json`` (``store``), which later reports read.
 
 Interval. A multiplier comparison has the level 1 - a of its family (Bonferroni: 1 - alpha/m). The
-speedup's interval multiplies two intervals, each at 1 - a/2: the multiplier's by the verdict rule
-(the median's sign interval, or sign confidence sequence after sequential seeds) and the median
-step-time ratio's sign interval over the R rounds (fixed R, set before measuring), times c_v / c_b.
+speedup's interval multiplies two intervals whose errors add up to at most a: the multiplier's by
+the verdict rule and the median step-time ratio's sign interval over the R rounds (fixed R, set
+before measuring), times c_v / c_b. With a fixed number of seeds the multiplier's factor is its own
+interval at 1 - a (the one its verdict prints), whose exact error is e = 2 P(Bin(n, 1/2) <= k - 1) at
+its depth k (a function of n and a only, ``signs.fixed_error``), and the rounds spend the rest, a - e:
+at 6-9 seeds an even split (1 - a/2 each) would leave the multiplier's factor the whole line wherever
+its own interval is only just finite. After sequential seeds (no exact error) each gets a/2.
 Both quantities are positive and the product increases in each, so where both intervals hold,
 [M_lo F_lo, M_hi F_hi] holds M F; by Bonferroni both hold with probability >= 1 - a, and summed over
 the comparisons the speedups hold together at 1 - alpha like the multipliers. Estimand: the median
@@ -63,7 +67,7 @@ class Speedup:
     step_ratio: float  # baseline / variant step time, exp of the median log over rounds (1: same model)
     s_low: float
     s_high: float
-    level: float  # each factor's interval (1 - a/2; the multiplier's own level for the same model)
+    level: float  # the rounds' interval (1 - (a - e), or 1 - a/2; the multiplier's own level for the same model)
     speedup: float
     low: float
     high: float
@@ -72,6 +76,7 @@ class Speedup:
     rounds: int = 0
     step_ms: tuple[float, float] = (math.nan, math.nan)  # median step of the baseline, of the variant
     note: str = ""
+    m_level: float = math.nan  # the multiplier factor's level (1 - e, or 1 - a/2 after sequential seeds)
 
     @property
     def throughput(self) -> float:
@@ -116,16 +121,20 @@ def speedup(need: Need, m: PairedRow, ratios: list[float] | None, sequential: bo
         return Speedup(need, point_m, nan, nan, point_s, nan, nan, nan, point_m * point_s * phi, nan, nan, nan,
                        NOT_TESTED, rounds, step_ms, m.note or "its multiplier is not tested")
     if ratios is None:  # the same model: F = c_v / c_b = 1, the multiplier's interval at its own level
-        level = m.confidence
+        level = m_level = m.confidence
         m_lo, m_hi, s_lo, s_hi = math.exp(m.ci_low), math.exp(m.ci_high), 1.0, 1.0
     else:
-        level = 1.0 - (1.0 - m.confidence) / 2.0
-        iv = rule.median_interval(log_m, level, sequential)
+        a = 1.0 - m.confidence
+        e = math.inf if sequential else signs.fixed_error(len(log_m), m.confidence)
+        exact = e < a  # else a sequence, or a whole-line interval: the even split
+        spent = e if exact else a / 2.0
+        m_level, level = 1.0 - spent, 1.0 - (a - spent)
+        iv = rule.median_interval(log_m, m.confidence if exact else m_level, sequential)
         m_lo, m_hi = math.exp(iv.low), math.exp(iv.high)
         s_lo, s_hi = (math.exp(x) for x in signs.sign_interval(s_logs, level))
     low, high = m_lo * s_lo * phi, m_hi * s_hi * phi
     return Speedup(need, point_m, m_lo, m_hi, point_s, s_lo, s_hi, level, point_m * point_s * phi, low, high,
-                   m.confidence, _verdict(low, high), rounds, step_ms, m.note)
+                   m.confidence, _verdict(low, high), rounds, step_ms, m.note, m_level)
 
 
 def auto_rounds(mult: Multipliers) -> int:

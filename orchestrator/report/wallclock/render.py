@@ -50,13 +50,14 @@ def sentence(s: Speedup, scope: str) -> str:
                     f"{num(s.s_high, 4)}] ({pct(s.level)}, sign interval over {s.rounds} rounds; median step "
                     f"{num(s.step_ms[0], 4)} ms for the baseline, {num(s.step_ms[1], 4)} ms for the variant) x FLOPs "
                     f"per step ratio {num(s.need.flops_ratio, 4)}; the "
-                    f"multiplier at {pct(s.level)}: [{times(s.m_low)}, {times(s.m_high)}].")
+                    f"multiplier at {pct(s.m_level)}: [{times(s.m_low)}, {times(s.m_high)}].")
     else:
         measured = " The baseline's model at its shape: throughput ratio 1 by construction, nothing measured."
     note = f" ({s.note})" if s.note else ""
     if s.verdict == "not tested":
         return f"- {name}: {times(s.speedup)} the wall-clock speed ({parts}); not tested{note}."
-    word = (f"cannot decide: too few seeds or rounds for a finite interval at {pct(s.level)}"
+    word = (f"cannot decide: too few seeds or rounds for a finite interval (the multiplier's at {pct(s.m_level)}, "
+            f"the rounds' at {pct(s.level)})"
             if s.verdict == UNDECIDABLE else WORDS[s.verdict])
     return (f"- {name}: {times(s.speedup)} the wall-clock speed ({parts}), {pct(s.confidence)} interval "
             f"[{times(s.low)}, {times(s.high)}]; {word}{note}.{measured}")
@@ -80,10 +81,11 @@ def lines(w: WallClock) -> list[str]:
            "times come from the two models built at the sweep's shape (the trials' resolved model, batch, sequence "
            "length, gradient accumulation, device, dtype, compile and threads) and timed side by side in interleaved "
            "paired rounds as `lime bench` times them (a variant's step between two of the baseline's, its ratio to "
-           "their mean), never from the trials' own step times. " + where + " Interval: the multiplier's interval "
-           "and the step-time ratio's sign interval each at 1 - a/2, where 1 - a is the multiplier's level, "
-           "multiplied end by end; both hold together at 1 - a (Bonferroni), so the speedups hold together at the "
-           "multiplier family's level (docs/STATISTICS.md).", ""]
+           "their mean), never from the trials' own step times. " + where + " Interval: the multiplier's own interval "
+           "(its verdict's, at 1 - a, the multiplier family's level; its exact error e = 2 P(Bin(n, 1/2) <= k - 1) "
+           "at its depth k) and the step-time ratio's sign interval at 1 - (a - e), multiplied end by end (after "
+           "sequential seeds: each at 1 - a/2); both hold together at 1 - a (Bonferroni), so the speedups hold "
+           "together at the multiplier family's level (docs/STATISTICS.md).", ""]
     for scope, rows in w.rows.items():
         out += [sentence(s, scope) for s in rows]
     return out + skipped

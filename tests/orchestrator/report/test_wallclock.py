@@ -15,6 +15,7 @@ import scipy.special as spc
 import scipy.stats as sps
 
 from orchestrator.cli.report import MAX_ROUNDS as CLI_MAX_ROUNDS
+from orchestrator.decide import signs
 from orchestrator.report.compare.results import PairedRow
 from orchestrator.report.multiplier import Multipliers
 from orchestrator.report.wallclock import MAX_ROUNDS, auto_rounds, speedup, store
@@ -44,29 +45,33 @@ def depth(n: int, level: float) -> int:
 NEED = Need("all", "full", "b" * 16, "v" * 16, 1.1)
 
 
-def test_the_product_interval_is_the_two_intervals_at_half_the_error_multiplied_by_hand():
+def test_the_product_interval_is_the_multipliers_own_and_the_rounds_at_the_error_it_leaves_by_hand():
     s = speedup(NEED, mrow(np.log(M), 0.95), RATIOS, sequential=False)
-    # one comparison at 95%: each factor at 97.5%; 8 seeds -> [min, max], 12 rounds -> the 2nd from each end
-    assert (depth(8, 0.975), depth(12, 0.975)) == (1, 2)
-    assert 2 * sps.binom.cdf(1, 12, 0.5) <= 0.025 < 2 * sps.binom.cdf(2, 12, 0.5)
-    assert s.level == pytest.approx(0.975) and s.confidence == 0.95
+    # one comparison at 95%: 8 seeds -> the multiplier's own interval [min, max], exact error e = 2 / 2^8;
+    # the rounds get 0.05 - e = 0.0421875: 12 rounds -> the 3rd from each end (2 P(B <= 2) = 0.0386 <= it)
+    e = 2 / 2 ** 8
+    assert depth(8, 0.95) == 1 and 2 * sps.binom.cdf(0, 8, 0.5) == pytest.approx(e)
+    assert 2 * sps.binom.cdf(2, 12, 0.5) <= 0.05 - e < 2 * sps.binom.cdf(3, 12, 0.5)
+    assert depth(12, 1 - (0.05 - e)) == 3
+    assert s.level == pytest.approx(1 - (0.05 - e)) and s.m_level == pytest.approx(1 - e) and s.confidence == 0.95
     assert (s.m_low, s.m_high) == (pytest.approx(0.9), pytest.approx(2.4))
-    assert (s.s_low, s.s_high) == (pytest.approx(1 / 1.13), pytest.approx(1 / 1.08))
+    # RATIOS sorted: 1.07 1.08 1.09 1.09 ... 1.12 1.12 1.13 1.30
+    assert (s.s_low, s.s_high) == (pytest.approx(1 / 1.12), pytest.approx(1 / 1.09))
     assert s.multiplier == pytest.approx(math.sqrt(1.9 * 2.0))  # exp of the median log: the middle two's geometric mean
     assert s.step_ratio == pytest.approx(1 / math.sqrt(1.10 * 1.11))
     assert s.throughput == pytest.approx(1.1 / math.sqrt(1.10 * 1.11))
     assert s.speedup == pytest.approx(math.sqrt(1.9 * 2.0) * 1.1 / math.sqrt(1.10 * 1.11))
-    assert (s.low, s.high) == (pytest.approx(0.9 / 1.13 * 1.1), pytest.approx(2.4 / 1.08 * 1.1))
+    assert (s.low, s.high) == (pytest.approx(0.9 / 1.12 * 1.1), pytest.approx(2.4 / 1.09 * 1.1))
     assert s.verdict == "not decided" and s.rounds == 12
 
 
 def test_a_decided_speedup_and_one_that_no_round_count_could_bound():
     m = np.array([2.0, 2.1, 2.2, 2.3, 2.4, 2.5, 2.6, 2.7])
     s = speedup(NEED, mrow(np.log(m), 0.95), RATIOS, sequential=False)
-    assert s.low == pytest.approx(2.0 / 1.13 * 1.1) and s.verdict == "faster"
+    assert s.low == pytest.approx(2.0 / 1.12 * 1.1) and s.verdict == "faster"  # the rounds' 3rd from the top
     slow = speedup(Need("all", "full", "b" * 16, "v" * 16, 1.0), mrow(np.log(m / 4), 0.95), RATIOS, False)
-    assert slow.high == pytest.approx(2.7 / 4 / 1.08) and slow.verdict == "slower"
-    # 3 rounds: the sign interval at 97.5% needs 2 / 2^n <= 0.025, n >= 7: it is the whole line
+    assert slow.high == pytest.approx(2.7 / 4 / 1.09) and slow.verdict == "slower"
+    # 3 rounds: the sign interval at 1 - 0.0422 needs 2 / 2^n <= 0.0422, n >= 6: it is the whole line
     few = speedup(NEED, mrow(np.log(m), 0.95), RATIOS[:3], sequential=False)
     assert (few.s_low, few.s_high, few.low, few.high) == (0.0, math.inf, 0.0, math.inf)
     assert few.verdict == "cannot decide"
@@ -188,3 +193,12 @@ def test_the_product_interval_covers_the_true_speedup_at_least_at_its_level():
                     list(np.exp(rng.normal(math.log(1.2), 0.05, 12))), sequential=False)
         hits += s.low <= truth <= s.high
     assert hits / sims >= 0.95 - 3 * math.sqrt(0.95 * 0.05 / sims)
+
+
+@pytest.mark.parametrize("level", [0.95, 0.975, 0.9875, 0.99375, 0.999])
+def test_the_multipliers_exact_error_is_the_binomial_tail_at_its_depth(level):
+    for n in range(1, 25):
+        k = depth(n, level)
+        want = 1.0 if k == 0 else 2 * sps.binom.cdf(k - 1, n, 0.5)
+        assert signs.fixed_error(n, level) == pytest.approx(want, rel=1e-12)
+        assert k == 0 or signs.fixed_error(n, level) <= (1 - level) * (1 + 1e-9)
