@@ -10,35 +10,21 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.cli import main
+from tests.orchestrator.cli.probe import one_line, private, sweep_file
 from tests.sweeps import tiny
 
 ROOT = Path(__file__).resolve().parents[3]
 LIMIT = "more than the limit of 20G parameters; make it smaller or raise $LIME_MAX_PARAMS"
 
 
-def _sweep(folder: Path, name: str, base: dict | None = None, **doc) -> Path:
-    p = folder / f"{name}.yaml"
-    p.write_text(yaml.safe_dump({"name": name, "description": "a probe", "base": base or tiny(),
-                                 "resources": {"cpu": 1}, **doc}, sort_keys=False))
-    return p
-
-
-def _line(capsys, argv: list[str]) -> str:
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == "" and err.count("\n") == 1, (rc, out, err)
-    return err.rstrip("\n")
+_sweep, _line = sweep_file, one_line
 
 
 @pytest.fixture(autouse=True)
 def _private(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    monkeypatch.setenv("LIME_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("LIME_CACHE", str(tmp_path / "cache"))
+    private(tmp_path, monkeypatch)
 
 
 def test_the_size_guard_counts_the_depth_mix(tmp_path, capsys):

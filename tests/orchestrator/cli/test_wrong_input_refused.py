@@ -8,12 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
-from orchestrator.cli import main
 from orchestrator.engine.trial import Tracking, run_trial
 from orchestrator.engine.trial_config import TrialConfig
 from orchestrator.sweep.spec import load_spec
+from tests.orchestrator.cli.probe import one_line, private, sweep_file
 from tests.sweeps import tiny
 
 FINALS = "final/step_time_ms, final/train_mem_mb, final/val_loss, final/val_loss_se, final/val_ppl"
@@ -21,25 +20,15 @@ GRID = {"router": ["none", "full"], "seed": [0, 1]}
 
 
 def _sweep(folder: Path, name: str, base: dict | None = None, **doc) -> Path:
-    p = folder / f"{name}.yaml"
-    p.write_text(yaml.safe_dump({"name": name, "description": "a probe", "base": base or tiny(), "grid": GRID,
-                                 "resources": {"cpu": 1}, **doc}, sort_keys=False))
-    return p
+    return sweep_file(folder, name, base, **{"grid": GRID, **doc})
 
 
-def _line(capsys, argv: list[str]) -> str:
-    rc = main(argv)
-    out, err = capsys.readouterr()
-    assert rc == 2 and out == "" and err.count("\n") == 1, (rc, out, err)
-    return err.rstrip("\n")
+_line = one_line
 
 
 @pytest.fixture(autouse=True)
 def _private(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/mlflow.db")
-    monkeypatch.setenv("LIME_RESULTS", str(tmp_path / "results"))
-    monkeypatch.setenv("LIME_CACHE", str(tmp_path / "cache"))
+    private(tmp_path, monkeypatch)
 
 
 def _nothing_written(tmp_path: Path) -> None:
