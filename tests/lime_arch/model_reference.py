@@ -52,3 +52,21 @@ def reference_forward(model, idx, sources, route=None):
         h = rms(x, blk.mlp_norm.weight, cfg.norm_eps)
         x = x + (torch.nn.functional.silu(h @ m.w1.weight.T) * (h @ m.w3.weight.T)) @ m.w2.weight.T
     return rms(x, model.norm.weight, cfg.norm_eps) @ model.embed.weight.T
+
+
+def saved_bytes(cfg, idx) -> int:
+    """Bytes a training forward of ``build_model(cfg)`` (seed 0) on ``idx`` saves for backward, each
+    storage counted once: counted here with autograd's hooks, independently of the engine's meter."""
+    from lime_arch import build_model
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    seen = {}
+
+    def pack(t):
+        seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        model(idx)
+    return sum(seen.values())
+

@@ -5,7 +5,7 @@ forward keeps for backward (no per-token weights: they are recomputed layer by l
 import pytest
 import torch
 from kind_references import REFERENCES
-from model_reference import reference_forward
+from model_reference import reference_forward, saved_bytes
 from routers_expected import expected_sources
 
 from lime_arch import build_model, preset, routing_memory
@@ -129,19 +129,6 @@ def test_kept_memory_is_the_accounted(spec, kv):
     cfg = preset("tiny", router=spec, n_kv_heads=kv, n_layers=6)
     idx = torch.randint(0, 256, (2, 32))
 
-    def saved(c):
-        torch.manual_seed(0)
-        model = build_model(c)
-        seen = {}
-
-        def pack(t):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(idx)
-        return sum(seen.values())
-
-    got = saved(cfg) - saved(cfg.replace(router="none"))
+    got = saved_bytes(cfg, idx) - saved_bytes(cfg.replace(router="none"), idx)
     want = routing_memory(cfg, 2, 32)["kept"]
     assert abs(got - want) <= 0.05 * want, (got, want)

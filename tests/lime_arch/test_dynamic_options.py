@@ -6,7 +6,7 @@ optimizer groups, the parameter/FLOP/memory accounting by hand, and the config's
 import pytest
 import torch
 from dynamic_reference import DEFAULT, FORMS, PAPER, V1, counts, options, route
-from model_reference import reference_forward
+from model_reference import reference_forward, saved_bytes
 from routers_expected import expected_sources
 
 from lime_arch import ConfigError, build_model, flops_per_token, param_counts, param_groups, preset, routing_memory
@@ -180,20 +180,7 @@ def test_kept_memory_is_the_accounted(form):
     cfg = _cfg("dynamic", form, 2, n_layers=6)
     idx = torch.randint(0, 256, (2, 32))
 
-    def saved(c):
-        torch.manual_seed(0)
-        model = build_model(c)
-        seen = {}
-
-        def pack(t):
-            seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            model(idx)
-        return sum(seen.values())
-
-    got = saved(cfg) - saved(preset("tiny", router="none", n_kv_heads=2, n_layers=6))
+    got = saved_bytes(cfg, idx) - saved_bytes(preset("tiny", router="none", n_kv_heads=2, n_layers=6), idx)
     want = routing_memory(cfg, 2, 32)["kept"]
     assert abs(got - want) <= 0.05 * want, (got, want)
 
