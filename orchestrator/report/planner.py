@@ -33,8 +33,7 @@ from scipy import stats as sps
 from lime_arch.errors import ConfigError
 from orchestrator.core import tracking
 from orchestrator.core.fmt import cell_text, num, same_value
-from orchestrator.decide.intervals import HULL, min_seeds_finite
-from orchestrator.decide.sequential import min_seeds_finite as sequence_min_seeds
+from orchestrator.decide.signs import min_seeds
 from orchestrator.report.compare import across_seeds, by_seed, verdicts
 from orchestrator.report.paper.refs import PaperRef, paper_effects
 from orchestrator.report.runs import add_key_columns, collect_runs, find_runs
@@ -147,15 +146,19 @@ def reachability(d: Design) -> list[str]:
     and the smallest reachable p of the supporting tests, with warnings (fast)."""
     n, m, k, a = d.seeds, d.comparisons, len(d.variants), d.alpha
     level = 1.0 - a / m
-    need, need_seq = min_seeds_finite(level), sequence_min_seeds(level)
+    # the verdict rule's own intervals (orchestrator.decide.rule): the median's sign interval at a fixed
+    # n, its sign sequence when seeds are added until decided (the mean's are printed, not deciding)
+    need, need_seq = min_seeds(level), min_seeds(level, sequential=True)
     paired = 2.0 / 2**n if n else 1.0
     mwu = mann_whitney_min_p(n, n)
     lines = [f"plan: {k} values of {d.axis} x {n} seed(s), baseline {cell_text(d.baseline)}, {m} comparison(s) "
              f"with the baseline (Bonferroni: each interval at {100 * level:.4g}%), alpha {a:g}, {d.metric} "
              f"({verdicts.direction_words(d.direction)})",
-             f"  verdict interval ({HULL}) at {100 * level:.4g}%: finite from {need} seeds per arm: "
-             + ("yes" if n >= need else "NO") + f" at {n}",
-             f"  until decided (confidence sequence at {100 * level:.4g}%): finite from {need_seq} seeds per arm",
+             f"  verdict interval (the median's sign interval) at {100 * level:.4g}%: finite from {need} seeds "
+             "per arm: " + ("yes" if n >= need else "NO") + f" at {n}",
+             f"  until decided (the median's sign sequence at {100 * level:.4g}%): finite from {need_seq} seeds per "
+             "arm: " + ("yes" if n >= need_seq else "NO") + f" at {n}"
+             + ("" if n >= need_seq else " (a first look at this many seeds cannot decide)"),
              f"  {'smallest reachable p at ' + str(n) + ' seeds per arm':<41} {'raw':<10} {'Holm x' + str(m):<10} "
              "below alpha"]
     rows = [("paired permutation (supporting)", paired, min(1.0, m * paired)),

@@ -96,6 +96,8 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
                          connect_timeout=connect_timeout, **kw)
 
     summary = sweep()
+    if summary["unfinished"]:  # a look reads whole waves only: an interrupted launch ends the loop
+        return _interrupted(spec, summary, [])
     exp_dir = experiment_dir(spec.name, results)
     state = read_state(exp_dir)
     cl = client(state["tracking_uri"])
@@ -129,13 +131,37 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
         for line in _budget_lines(design, wave):
             print(f"sweep {spec.name}: look {wave.index}: {line}", flush=True)
 
+    looks: list[Wave] = []
+
     def launch(variants: list, seeds: list) -> None:
         nonlocal summary
         summary = sweep(add_seeds=len(seeds), only=variants)
+        if summary["unfinished"]:
+            raise _Interrupted
 
-    waves = run_waves(fetch, launch, design, keep, first_index=1 + len(state.get("extensions") or []), meter=meter,
-                      stopped=_stopped(params, values) if design.budget is not None else None)
+    def kept(wave: Wave) -> None:
+        looks.append(wave)
+        keep(wave)
+
+    try:
+        waves = run_waves(fetch, launch, design, kept, first_index=1 + len(state.get("extensions") or []),
+                          meter=meter, stopped=_stopped(params, values) if design.budget is not None else None)
+    except _Interrupted:
+        return _interrupted(spec, summary, looks)
     return {**summary, "waves": waves}
+
+
+class _Interrupted(Exception):
+    """A wave's launch ended with trials unfinished (Ctrl-C, Ray stopped the experiment)."""
+
+
+def _interrupted(spec: SweepSpec, summary: dict, looks: list) -> dict:
+    """No look at a wave in part: its decisions (and the next wave's seeds, the budget's spending) would
+    read the trials that happened to finish, and a resumed driver would trust them. The rerun resumes
+    the wave, then looks."""
+    print(f"sweep {spec.name}: no look: the wave ended with {summary['unfinished']} trial(s) unfinished; run "
+          "the same command again to finish the wave, then look", flush=True)
+    return {**summary, "waves": looks}
 
 
 def _meter(spec: SweepSpec, cl, exp_id: str, parent: str, axis: str, seed_axis: str, values: list):

@@ -6,8 +6,10 @@ import math
 from pathlib import Path
 
 import pytest
+from scipy.special import betaln
 
 from orchestrator.cli import main
+from orchestrator.decide.signs import PRIOR_C
 from orchestrator.report.paper.refs import REFS
 from orchestrator.report.planner import (
     Design,
@@ -30,7 +32,15 @@ def test_reachability_by_hand():
     # 2 comparisons: each interval at 97.5%; the sign-flip part is finite once 2/2^n < 0.025: 7 seeds.
     # paired: 2/2^4 = 0.125, Holm x2 = 0.25; Mann-Whitney 4 vs 4: 2/70 = 0.0286, x2 = 0.0571;
     # Friedman: (3!)^(1-4) = 1/216 = 0.00463; Kruskal-Wallis 3 x 4: 3! (4!)^3 / 12! = 0.000173
-    assert "verdict interval (t ∪ sign-flip) at 97.5%: finite from 7 seeds per arm: NO at 4" in text
+    assert "verdict interval (the median's sign interval) at 97.5%: finite from 7 seeds per arm: NO at 4" in text
+    # the median's sign sequence is finite once n signs that all agree reject: log M_n(0) = n log 2 +
+    # log B(c, c + n) - log B(c, c) >= log 40 (brute force over n, scipy's betaln): 8 seeds at 97.5%
+    c, n_seq = PRIOR_C, 1
+    while n_seq * math.log(2) + betaln(c, c + n_seq) - betaln(c, c) < math.log(40):
+        n_seq += 1
+    assert n_seq == 8
+    assert ("until decided (the median's sign sequence at 97.5%): finite from 8 seeds per arm: NO at 4 (a first "
+            "look at this many seeds cannot decide)") in text
     assert "paired permutation (supporting)           0.125      0.25       NO" in text
     assert "Mann-Whitney (unpaired)                   0.0286     0.0571     NO" in text
     assert "Friedman (paired omnibus, 3 variants)     0.00463    -          yes" in text

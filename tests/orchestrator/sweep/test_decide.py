@@ -45,8 +45,11 @@ def make_spec(tmp_path, decide_block=None, seeds=6):
 class StandIn:
     """``run_sweep`` without Ray: the launch's trials get finished runs with ``value``."""
 
-    def __init__(self, fail_after: int | None = None, wall: float | None = None):
+    def __init__(self, fail_after: int | None = None, wall: float | None = None, stop_at: tuple | None = None):
         self.calls, self.fail_after, self.wall = [], fail_after, wall  # wall: each trial's trial/wall_s
+        # stop_at (call, trials): that launch finishes only so many trials and returns, as Ray Tune does
+        # on Ctrl-C (the experiment stopped, fit() returns, the summary counts the rest unfinished)
+        self.stop_at = stop_at
 
     def __call__(self, spec, *, add_seeds=0, only=None, results=None, **_):
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
@@ -58,6 +61,9 @@ class StandIn:
         done = {r.data.tags[record.TRIAL_ID] for r in record.child_runs(cl, exp_id, parent)}
         new = [t for t in spec.trials() if t.trial_id not in done]
         self.calls.append([t.trial_id for t in new])
+        unfinished = 0
+        if self.stop_at is not None and len(self.calls) == self.stop_at[0]:
+            new, unfinished = new[:self.stop_at[1]], len(new) - self.stop_at[1]
         for t in new:
             tags = trial_tags(spec.name, t.trial_id, t.params, **{record.PARENT_RUN: parent, record.STATUS: "finished"})
             rid = cl.create_run(exp_id, tags=tags).info.run_id
@@ -65,8 +71,8 @@ class StandIn:
             if self.wall is not None:
                 cl.log_metric(rid, record.TRIAL_WALL, self.wall)
             cl.set_terminated(rid, "FINISHED")
-        record.end_run(cl, parent, record.TrialStatus.FINISHED)
-        return {"ok": True}
+        record.end_run(cl, parent, record.TrialStatus.KILLED if unfinished else record.TrialStatus.FINISHED)
+        return {"ok": not unfinished, "unfinished": unfinished}
 
 
 @pytest.fixture
@@ -112,6 +118,31 @@ def test_a_killed_driver_resumes_the_sequence(env, monkeypatch):
     assert again.calls[0] == []  # the resumed launch had nothing left to run
     params = tracking.client().get_run(read_state(experiment_dir("dec"))["parent_run_id"]).data.params
     assert list(record.decide_waves(params)) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("call", [1, 2], ids=["first-wave", "second-wave"])
+def test_an_interrupted_wave_gets_no_look_and_its_rerun_looks_as_an_uninterrupted_run(env, monkeypatch, capsys, call):
+    """Ctrl-C makes Ray Tune stop the experiment and return: the launch ends with trials unfinished.
+    No look may read that wave in part (peers-cpu, 2026-12-03: look 1 read 66 of 180 trials, said
+    "not tested (0 seeds)" for 11 arms and launched the next wave); the rerun finishes it, then looks."""
+    spec = decide.with_options(make_spec(env), True, "12", None)
+    monkeypatch.setattr(decide, "run_sweep", StandIn(stop_at=(call, 2)))
+    out = decide.run_until_decided(spec)
+    assert not out["ok"] and [w.index for w in out["waves"]] == list(range(1, call))
+    # the first wave has 18 trials, the second 6 (seeds 6 and 7 of none, full and first-4)
+    left = 16 if call == 1 else 4
+    assert (f"sweep dec: no look: the wave ended with {left} trial(s) unfinished; run the same command again to "
+            "finish the wave, then look") in capsys.readouterr().out
+    params = tracking.client().get_run(read_state(experiment_dir("dec"))["parent_run_id"]).data.params
+    assert list(record.decide_waves(params)) == list(range(1, call))
+    again = StandIn()
+    monkeypatch.setattr(decide, "run_sweep", again)
+    waves = decide.run_until_decided(spec)["waves"]
+    assert len(again.calls[0]) == left  # the rerun finished the interrupted wave first
+    assert [w.index for w in waves] == list(range(call, 5)) and waves[-1].done
+    params = tracking.client().get_run(read_state(experiment_dir("dec"))["parent_run_id"]).data.params
+    looks = record.decide_waves(params)  # the same looks as test_waves_until_decided's uninterrupted run
+    assert list(looks) == [1, 2, 3, 4] and json.loads(looks[2])["verdict"] == {"full": UNDECIDED, "first-4": BETTER}
 
 
 def test_the_report_reads_the_sequence(env, monkeypatch, capsys):
