@@ -6,7 +6,7 @@ from pathlib import Path
 
 PEER_FIELDS = ["shape", "library", "variant", "baseline", "counterpart", "step_ms", "ratio", "ratio_lo", "ratio_hi",
                "overhead_pct", "vs_ours", "saved_mb", "saved_ratio", "saved_vs_ours", "flop_overhead_pct", "flops",
-               "flops_per_token", "per_flop", "params", "reps", "note"]
+               "counted_flops", "per_flop", "params", "reps", "note"]
 
 
 def _f(x, fmt="{:.1f}") -> str:

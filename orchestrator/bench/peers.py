@@ -143,7 +143,7 @@ def _row(shape: Shape, lab: str, cases: dict, base_lab: str, times, ratios, base
             "vs_ours": statistics.median(ratios[lib_base]) if lib_base != ours_none else 1.0,
             "saved_mb": c.saved / 2**20, "saved_ratio": c.saved / cases[base_lab].saved,
             "saved_vs_ours": cases[lib_base].saved / cases[ours_none].saved,
-            "flop_overhead_pct": flop_pct, "flops": source, "flops_per_token": c.counted,
+            "flop_overhead_pct": flop_pct, "flops": source, "counted_flops": c.counted,
             "per_flop": overhead / flop_pct if flop_pct >= 0.05 else None, "params": c.params, "reps": len(own),
             "note": ""}
 
