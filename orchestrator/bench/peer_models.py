@@ -53,7 +53,11 @@ VARIANTS = (
     # x-transformers' HyperConnection: sigmoid read and write, Sinkhorn-normalised stream mixing (mHC's constraints)
     Variant(XT, f"num_residual_streams={STREAMS}", {"num_residual_streams": STREAMS}, "none+mhc"),
     Variant(XT, "add_value_residual", {"add_value_residual": True}, "none+value-residual-learned"),
-    Variant(XT, "gated_multi_residual", {"gated_multi_residual": True}, "none+gated-residual"),
+    # its gated residual runs over residual streams and needs a bottleneck rank: the project's defaults (4, 8)
+    Variant(XT, f"gated_multi_residual x{STREAMS}",
+            {"gated_multi_residual": True, "num_residual_streams": STREAMS,
+             "residual_fn_kwargs": {"read_gate_rank": 8}},
+            "none+gated-residual"),
     HC_BASE,
     Variant(HC, f"HyperConnections x{STREAMS}", {"kind": "hc"}, "none+hyper-connections"),
     Variant(HC, f"mHC x{STREAMS}", {"kind": "mhc"}, "none+mhc"),

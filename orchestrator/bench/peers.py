@@ -79,7 +79,8 @@ def _build(shape: Shape, variants, device, seq: int, idx) -> tuple[dict, dict, d
         lab = _label(v.library, v.name)
         lib_base = _label(v.library, (pm.XT_BASE if v.library == pm.XT else pm.HC_BASE).name)
         base[lab] = ours_none if lab == lib_base else lib_base
-        why = pm.unsupported(v) or (None if base[lab] == ours_none or base[lab] in cases else "its baseline did not build")
+        built = base[lab] == ours_none or base[lab] in cases
+        why = pm.unsupported(v) or (None if built else "its baseline did not build")
         if why is None:
             try:
                 cases[lab] = _Case(pm.build(shape, v, VOCAB, seq, device), idx, device)
@@ -181,9 +182,10 @@ def run_peers(shapes, device, threads: int, batch: int, seq: int, rounds: dict[s
         for _ in range(warmup):
             for c in cases.values():
                 c.step()
-        times, ratios = interleaved(lambda lab: cases[lab].step(), _groups(cases, base), rounds.get(sh.name, 1), clk)
+        times, ratios = interleaved(lambda lab, cs=cases: cs[lab].step(), _groups(cases, base), rounds.get(sh.name, 1),
+                                    clk)
         base_fl = flops_per_token(bench_cfg(sh, "none", device, seq), seq)["base"]
         rows += [_row(sh, lab, cases, base[lab], times, ratios, base_fl) for lab in cases]
         rows += [_skipped_row(sh, lab, why) for lab, why in skipped.items()]
-        del cases
+        cases.clear()  # this shape's models and optimizer states, before the next shape's are built
     return {"rows": rows, "versions": {d: pm.version(d) for d in pm.MODULES if d not in gone}, "skipped": line}
