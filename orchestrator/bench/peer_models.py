@@ -31,7 +31,7 @@ from orchestrator.bench.shapes import Shape
 from orchestrator.bench.step import bench_cfg
 
 XT, HC = "x-transformers", "hyper-connections"
-MODULES = {XT: "x_transformers", HC: "hyper_connections"}  # distribution -> import name
+LIBRARIES = (XT, HC)
 STREAMS = 4  # the HC paper's expansion rate, every stream count here
 
 
@@ -67,11 +67,14 @@ VARIANTS = (
 def missing() -> list[str]:
     """The peer libraries this environment cannot import (none of them: the extra is installed)."""
     out = []
-    for dist, mod in MODULES.items():
-        try:
-            importlib.import_module(mod)
-        except ImportError:
-            out.append(dist)
+    try:
+        import x_transformers  # noqa: F401
+    except ImportError:
+        out.append(XT)
+    try:
+        import hyper_connections  # noqa: F401
+    except ImportError:
+        out.append(HC)
     return out
 
 

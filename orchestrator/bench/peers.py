@@ -167,7 +167,7 @@ def run_peers(shapes, device, threads: int, batch: int, seq: int, rounds: dict[s
     installed: its rows; neither, or no such shape: the whole table)."""
     gone = pm.missing()
     line = None if not gone else (f"peers: {' and '.join(gone)} not installed (pip install '.[peers]'): "
-                                  f"{'no peers table' if len(gone) == len(pm.MODULES) else 'its rows skipped'}")
+                                  f"{'no peers table' if len(gone) == len(pm.LIBRARIES) else 'its rows skipped'}")
     variants = [v for v in pm.VARIANTS if v.library not in gone]
     todo = peer_shapes(shapes)
     if not todo:
@@ -188,4 +188,4 @@ def run_peers(shapes, device, threads: int, batch: int, seq: int, rounds: dict[s
         rows += [_row(sh, lab, cases, base[lab], times, ratios, base_fl) for lab in cases]
         rows += [_skipped_row(sh, lab, why) for lab, why in skipped.items()]
         cases.clear()  # this shape's models and optimizer states, before the next shape's are built
-    return {"rows": rows, "versions": {d: pm.version(d) for d in pm.MODULES if d not in gone}, "skipped": line}
+    return {"rows": rows, "versions": {d: pm.version(d) for d in pm.LIBRARIES if d not in gone}, "skipped": line}
