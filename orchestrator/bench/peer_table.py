@@ -43,8 +43,9 @@ def peers_markdown(peers: dict) -> list[str]:
           "timed against `none`: its `ratio` is the ratio of baselines (`vs ours`, time; `saved vs ours`, "
           "memory). `overhead %` = ratio - 1 (median of per-round ratios, sign-test 95% CI); `saved MB` what one "
           "training forward keeps for backward (`lime_arch.saved`), `saved ratio` over the row's baseline; "
-          "`FLOP %` the forward FLOPs over the analytic baseline's (this project's rows analytic, the peers' "
-          "counted as variant - baseline by torch's FLOP counter); `per FLOP` = overhead % / FLOP % (lower is "
+          "`FLOP %` the extra forward FLOPs (variant - baseline, counted by torch's FLOP counter for every "
+          "row; analytic where a project row's mixing is invisible to it) over the analytic baseline's; "
+          "`per FLOP` = overhead % / FLOP % (lower is "
           "better); `ours` the counterpart's overhead % and per FLOP from this project's rows above it.", "",
           "| shape | library | variant | baseline | step ms | ratio | 95% CI | overhead % | vs ours | saved MB | "
           "saved ratio | saved vs ours | FLOP % | per FLOP | counterpart | ours: overhead % | ours: per FLOP | "

@@ -13,11 +13,12 @@ group's baseline, the order rotating each round), the groups one after the other
 A row's ratio is the median over rounds of its step over the mean of its own baseline's neighbouring
 steps, with the sign-test 95% interval (``timing.median_ci``); ``overhead %`` = ratio - 1. Memory: the
 bytes one training forward keeps for backward (``lime_arch.saved``, the trainer's counter: autograd's
-saved storages, each once, parameters left out, plus the routing's K/V buffers). FLOPs: the project's
-rows analytic (``lime_arch.accounting``); a peer's extra forward FLOPs counted by
-``torch.utils.flop_counter`` (matmul-class ops) as variant - baseline, over the same analytic baseline
-FLOPs, so ``FLOP %`` means the same in every row; ``overhead / FLOP %`` is time overhead per point of
-FLOP overhead (lower is better; blank below 0.05 FLOP points).
+saved storages, each once, parameters left out, plus the routing's K/V buffers). FLOPs: every row's extra
+forward FLOPs counted by ``torch.utils.flop_counter`` (matmul-class ops: the same counter for every
+implementation, so the same mixing counts alike whichever library wrote it) as variant - baseline, over
+the analytic baseline FLOPs (``lime_arch.accounting``); a project row whose mixing the counter cannot see
+(elementwise only, or custom ops) takes its analytic overhead instead (``flops`` says which). ``per FLOP``
+is time overhead per point of FLOP overhead (lower is better; blank below 0.05 FLOP points).
 
 A variant the installed library cannot build or run at a shape (an option it lacks, an assertion of
 its own) gets a row with the reason and no numbers.
@@ -130,11 +131,12 @@ def _row(shape: Shape, lab: str, cases: dict, base_lab: str, times, ratios, base
     own = ratios[lab] if lab != base_lab else [1.0]
     lo, hi = median_ci(own)
     ratio = statistics.median(own)
+    flop_pct, source = 100 * (c.counted - cases[base_lab].counted) / base_fl, "counted"
     if library == OURS:
         seq = c.idx.shape[1] - 1
-        flop_pct, source = 100 * flop_overhead(bench_cfg(shape, name, c.device, seq), seq), "analytic"
-    else:
-        flop_pct, source = 100 * (c.counted - cases[base_lab].counted) / base_fl, "counted"
+        analytic = 100 * flop_overhead(bench_cfg(shape, name, c.device, seq), seq)
+        if flop_pct <= 0 < analytic:  # mixing the counter cannot see (elementwise, or custom ops): the formula's
+            flop_pct, source = analytic, "analytic"
     overhead = 100 * (ratio - 1)
     variant = next((v for v in pm.VARIANTS if _label(v.library, v.name) == lab), None)
     return {"shape": shape.name, "library": library, "variant": name, "baseline": base_lab if lab != base_lab else "-",

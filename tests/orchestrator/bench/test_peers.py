@@ -5,6 +5,7 @@ import sys
 import pytest
 import torch
 
+from lime_arch.accounting import flop_overhead
 from lime_arch.errors import ConfigError
 from lime_arch.model import build_model
 from orchestrator.bench import peer_models as pm
@@ -105,8 +106,13 @@ def test_peers_table_on_a_tiny_shape():
     hc_base = rows[(pm.HC, pm.HC_BASE.name)]
     assert hc_base["saved_vs_ours"] == 1.0 and hc_base["flop_overhead_pct"] == 0.0
     assert hc_base["params"] == rows[(OURS, "none")]["params"]
-    # this project's rows carry the analytic FLOP overhead, the peers' a counted one
-    assert rows[(OURS, "none")]["flop_overhead_pct"] == 0.0 and rows[(OURS, "dynamic")]["flops"] == "analytic"
+    # FLOPs counted alike for every implementation: the counter finds the dynamic router's products, as many
+    # as lime_arch.accounting's formula says; the learned value mix is elementwise, invisible to it: the formula
+    assert rows[(OURS, "none")]["flop_overhead_pct"] == 0.0 and rows[(OURS, "dynamic")]["flops"] == "counted"
+    cfg = bench_cfg(TINY, "dynamic", CPU, SEQ)
+    assert rows[(OURS, "dynamic")]["flop_overhead_pct"] == pytest.approx(100 * flop_overhead(cfg, SEQ), rel=1e-9)
+    vr = rows[(OURS, "none+value-residual-learned")]
+    assert vr["flops"] == "analytic" and vr["flop_overhead_pct"] > 0
     assert rows[(pm.XT, "integrate_layers")]["flops"] == "counted"
     assert rows[(pm.XT, "integrate_layers")]["flop_overhead_pct"] > 0
     # x-transformers 2.31.10 mixes the first layer's values into a layer's without matching KV heads to heads
