@@ -27,7 +27,7 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()  # every BufferState alive (for ``hel
 def held_bytes() -> int:
     """Bytes of the K/V buffers that live passes hold for their backward. Autograd's saved-tensor
     hooks do not see them (the buffer is written in place, outside ``save_for_backward``), so
-    memory accounting adds them (``orchestrator.engine.memory``)."""
+    memory accounting adds them (``lime_arch.saved``)."""
     return sum(st.kv.numel() * st.kv.element_size() for st in list(_LIVE) if st.kv is not None)
 
 

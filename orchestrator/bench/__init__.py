@@ -11,6 +11,9 @@ Run it with ``lime bench`` (``--no-track`` to skip MLflow). Modules, bottom up:
   outputs  bench.md, bench.csv, decode.csv (torch-free)
   run      ``run_bench``: all of the above, in order
   profile  ``run_profile`` (``lime bench --profile``): the routing's products against reference GEMMs
+  peers    ``lime bench --peers``: x-transformers and the hyper-connections package (``peer_models``, the
+           optional extra) beside the project's rows, each against its own baseline (``peer_table``: its
+           section of bench.md and peers.csv, torch-free)
   throughput ``lime report --throughput``: a sweep's models at its shape, timed in paired rounds
 
 ``run_bench`` and ``run_profile`` load lazily (PEP 562, as ``lime_arch``'s public names do): ``lime bench --help``

@@ -1,9 +1,11 @@
 """The benchmark's files: ``bench.md`` (tables and method), ``bench.csv`` (one row per router, impl
-and shape), ``decode.csv`` (one row per decode router and batch)."""
+and shape), ``decode.csv`` (one row per decode router and batch), with ``--peers`` ``peers.csv``."""
 from __future__ import annotations
 
 import csv
 from pathlib import Path
+
+from orchestrator.bench.peer_table import peers_markdown, write_peers_csv
 
 CSV_FIELDS = ["router", "impl", "depth_mix", "compile", "shape", "n_layers", "kv_heads", "step_ms", "wall_ms", "ratio",
               "ratio_lo", "ratio_hi", "ratio_min", "overhead_pct", "flop_overhead_pct", "target_pct", "verdict",
@@ -18,7 +20,9 @@ def _f(x, fmt="{:.1f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def write_outputs(out: Path, rows: list[dict], dec: list[dict], chk: list[dict], info: dict) -> list[Path]:
+def write_outputs(out: Path, rows: list[dict], dec: list[dict], chk: list[dict], info: dict,
+                  peers: dict | None = None) -> list[Path]:
+    """``peers``: ``peers.run_peers``'s result (``lime bench --peers``), its section in bench.md."""
     out.mkdir(parents=True, exist_ok=True)
     paths = [out / "bench.md", out / "bench.csv", out / "decode.csv"]
     with open(paths[1], "w", newline="") as f:
@@ -29,7 +33,9 @@ def write_outputs(out: Path, rows: list[dict], dec: list[dict], chk: list[dict],
         w = csv.DictWriter(f, fieldnames=DECODE_FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(dec)
-    paths[0].write_text(_markdown(rows, dec, chk, info))
+    if peers is not None and peers["rows"]:
+        paths.append(write_peers_csv(out / "peers.csv", peers["rows"]))
+    paths[0].write_text(_markdown(rows, dec, chk, info, peers))
     return paths
 
 
@@ -181,7 +187,7 @@ def _decode_table(dec: list[dict]) -> list[str]:
     return L + [""]
 
 
-def _markdown(rows, dec, chk, info) -> str:
+def _markdown(rows, dec, chk, info, peers: dict | None = None) -> str:
     L = ["# LIMe routing benchmark: step time, memory, FLOPs, decode (vs `none`)", ""]
     if info.get("quick"):
         L += ["**Quick smoke run (tiny shapes, one repetition): the numbers mean nothing.**", ""]
@@ -193,4 +199,6 @@ def _markdown(rows, dec, chk, info) -> str:
     L += [""] + _checks_table(chk)
     if dec:
         L += _decode_table(dec)
+    if peers is not None:
+        L += peers_markdown(peers)
     return "\n".join(L)

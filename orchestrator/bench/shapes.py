@@ -53,6 +53,10 @@ SHAPES = (Shape("L16-MHA", 16, 8, 20), Shape("L16-GQA", 16, 2, 20), Shape("L64-M
 HEADLINE_SHAPES, HEADLINE_MIX_SHAPES = ("L16-MHA", "L16-GQA", "L64-MHA"), ("L16-MHA", "L16-GQA")
 HEADLINE_CAPS = {"L16-MHA": 8, "L16-GQA": 8, "L64-MHA": 7}
 QUICK_SHAPES = (Shape("L3-MHA", 3, 8, 1), Shape("L3-GQA", 3, 2, 1))
+# ``--peers`` runs at the shapes of at most this many layers (the headline L16-MHA and L16-GQA, or a quick
+# run's): deeper, x-transformers' integrate_layers (each sublayer mixes every earlier one's hidden state,
+# O(L^2)) would take minutes a round
+PEER_MAX_LAYERS = 16
 SHAPES_BY_NAME = {s.name: s for s in SHAPES + QUICK_SHAPES}
 
 

@@ -38,6 +38,7 @@ from lime_arch.routers import build_router
 from orchestrator.bench import peak_memory as mem
 from orchestrator.bench.alone import time_alone
 from orchestrator.bench.outputs import write_outputs
+from orchestrator.bench.peers import run_peers
 from orchestrator.bench.profile import large_gemm_gflops
 from orchestrator.bench.shapes import (
     BATCH,
@@ -237,7 +238,7 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
               compile_shapes: Sequence[str] | None = None, steady_heap: bool = False,
               caps: dict[str, int] | None = None, fixed_rounds: bool = False,
               depth_mix_shapes: Sequence[str] | None = None, memory_compiled: bool = True,
-              compile_depth_mixes: bool = True) -> dict:
+              compile_depth_mixes: bool = True, peers: bool = False) -> dict:
     """Run the benchmark, write ``bench.md``, ``bench.csv`` and ``decode.csv`` under ``out_dir``.
 
     ``routers``: router specs (default: every registered router, ``shapes.bench_routers``); ``none``
@@ -255,8 +256,11 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     16-layer Table 17 models; every shape of a quick run). ``steady_heap``: on CPU, outside a quick run,
     keep freed memory in glibc's heap (``steady_malloc``) for steadier timings; it lasts for the rest of
     the process and cannot be undone, so only a process that ends with the run asks for it (``lime
-    bench`` does; a test or a notebook that goes on does not). Returns ``{"paths": [...], "rows": [...],
-    "decode": [...], "checks": [...], "machine": {...}}``."""
+    bench`` does; a test or a notebook that goes on does not). ``peers``: after the rows, the peers table
+    (``peers.run_peers``: x-transformers and the hyper-connections package, the optional extra) at the
+    shapes of at most 16 layers, as many interleaved rounds as each shape's cap (one in a quick run).
+    Returns ``{"paths": [...], "rows": [...], "decode": [...], "checks": [...], "machine": {...}}``, with
+    ``peers`` also ``"peers": {"rows": [...], "versions": {...}, "skipped": line or None}``."""
     t_start = time.perf_counter()
     dev = device_of(device)
     if threads and dev.type == "cpu":
@@ -289,6 +293,10 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
     if decode:
         dec = time_decode(shapes[0], dev, s.amp, reps=2 if quick else 150, prompt=4 if quick else 16,
                           new=4 if quick else 48)
+    peer_out = None
+    if peers:
+        rounds = {sh.name: 1 if quick else (caps or {}).get(sh.name, sh.reps) for sh in shapes}
+        peer_out = run_peers(shapes, dev, threads, batch, seq, rounds, warmup=1 if quick else 2)
     info = machine_info(dev, threads)
     info.update(bandwidth_gbs=s.bw, steady_malloc=malloc, load_start=load0, load_end=os.getloadavg(),
                 clock=clock(dev, threads)[1], batch=batch, seq=seq, vocab=VOCAB, quick=quick,
@@ -298,7 +306,8 @@ def run_bench(out_dir: str | os.PathLike = "results/bench", quick: bool = False,
                 compile_shapes=",".join(sh.name for sh in shapes if s.compile and sh.name in s.compile_shapes) or "-",
                 seconds=time.perf_counter() - t_start)
     chk = checks(rows, dec)
-    paths = write_outputs(Path(out_dir), rows, dec, chk, info)
+    paths = write_outputs(Path(out_dir), rows, dec, chk, info, peer_out)
     for row in rows:
         row.pop("cfg")
-    return {"paths": [str(p) for p in paths], "rows": rows, "decode": dec, "checks": chk, "machine": info}
+    out = {"paths": [str(p) for p in paths], "rows": rows, "decode": dec, "checks": chk, "machine": info}
+    return out if peer_out is None else {**out, "peers": peer_out}

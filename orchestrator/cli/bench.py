@@ -17,6 +17,7 @@ from orchestrator.bench.shapes import (
     HEADLINE_CAPS,
     HEADLINE_MIX_SHAPES,
     HEADLINE_SHAPES,
+    PEER_MAX_LAYERS,
     QUICK_SHAPES,
     SHAPES,
     SHAPES_BY_NAME,
@@ -63,6 +64,11 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "their target or is narrow enough; default: each shape's own cap)")
     ap.add_argument("--fixed-rounds", action="store_true",
                     help="every row gets each shape's full rounds (fixed-n intervals), as before the stopping rule")
+    ap.add_argument("--peers", action="store_true",
+                    help="also time the implementations a user would pick instead, each against its own baseline "
+                         "(x-transformers' decoder and its variants, the hyper-connections package; the optional "
+                         f"extra: pip install '.[peers]') at the run's shapes of at most {PEER_MAX_LAYERS} layers: "
+                         "a section of bench.md and peers.csv; without the extra, one line says so and the rest runs")
     ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory subprocesses")
     ap.add_argument("--no-decode", action="store_true", help="skip the decode timing")
     ap.add_argument("--no-track", action="store_true", help="do not log the results to MLflow")
@@ -122,8 +128,20 @@ def options(a: argparse.Namespace) -> dict:
            "routers": routers, "memory": not a.no_memory, "decode": not a.no_decode,
            "compile": None if a.compile == "none" else a.compile, "compile_shapes": _compile_shapes(a, shapes)}
     out.update(_rounds(a, shapes))
+    if getattr(a, "peers", False):
+        out["peers"] = _peers(a, out["shapes"])
     mixes = _depth_mixes(getattr(a, "depth_mixes", None))
     return out if mixes is None else {**out, "depth_mixes": mixes}
+
+
+def _peers(a: argparse.Namespace, shapes) -> bool:
+    """``--peers``, checked: it needs a benchmark run with a shape it runs at."""
+    if getattr(a, "profile", False):
+        raise ConfigError("bench.peers: times whole training steps; not with --profile")
+    if shapes and not any(sh.n_layers <= PEER_MAX_LAYERS for sh in shapes):
+        raise ConfigError(f"bench.peers: runs at shapes of at most {PEER_MAX_LAYERS} layers; --shapes has none "
+                          f"(e.g. L16-MHA,L16-GQA)")
+    return True
 
 
 def _rounds(a: argparse.Namespace, shapes) -> dict:
@@ -150,6 +168,8 @@ def print_summary(out: dict) -> None:
         print(f"wrote {p}")
     n_ok = sum(c["ok"] for c in out["checks"])
     print(f"{n_ok}/{len(out['checks'])} checks pass; {out['machine']['seconds']:.0f} s")
+    if out.get("peers", {}).get("skipped"):
+        print(out["peers"]["skipped"])
 
 
 def _metrics(out: dict) -> dict[str, float]:

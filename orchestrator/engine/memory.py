@@ -23,63 +23,14 @@ reports read it.
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable, Iterator
-
 import torch
 
-from lime_arch.routing.state import held_bytes
+from lime_arch.saved import SavedBytes, saved_activation_bytes, storages
 from orchestrator.engine.schedule import peak_rss_mb
 from orchestrator.engine.trainer import Hook, Trainer
 
 MB = 2**20
-
-
-def _storages(tensors: Iterable[torch.Tensor]) -> dict[int, int]:
-    """Unique storages of the tensors: data pointer -> bytes."""
-    out = {}
-    for t in tensors:
-        s = _storage(t)
-        if s is not None:
-            out[s.data_ptr()] = s.nbytes()
-    return out
-
-
-def _storage(t: torch.Tensor):
-    """The storage holding ``t``'s data on this process; a sharded (FSDP2 DTensor) parameter's is its
-    local shard; None for tensor subclasses without one."""
-    local = t.to_local() if hasattr(t, "to_local") else t
-    try:
-        s = local.untyped_storage()
-        s.data_ptr()
-    except RuntimeError:
-        return None
-    return s
-
-
-class SavedBytes:
-    """Bytes autograd saves for backward inside ``with counter.track():``, each storage once, the
-    ``exclude`` tensors' storages (the parameters) left out."""
-
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
-        self.exclude = set(_storages(exclude))
-        self.seen: dict[int, int] = {}
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        s = _storage(t)
-        if s is not None and s.data_ptr() not in self.exclude and s.device.type != "meta":
-            self.seen[s.data_ptr()] = s.nbytes()
-        return t
-
-    @contextlib.contextmanager
-    def track(self) -> Iterator[SavedBytes]:
-        self.seen = {}
-        with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-            yield self
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self.seen.values())
+__all__ = ["MB", "MemoryHook", "SavedBytes", "model_state_bytes", "saved_activation_bytes"]
 
 
 def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> dict[str, int]:
@@ -90,19 +41,9 @@ def model_state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer |
     if optimizer is not None:
         for st in optimizer.state.values():
             state.extend(v for v in st.values() if isinstance(v, torch.Tensor))
-    return {"params": sum(_storages(params).values()),
-            "grads": sum(_storages(p for p in params if p.requires_grad).values()),
-            "optimizer": sum(_storages(state).values())}
-
-
-def saved_activation_bytes(fn, *args, exclude: Iterable[torch.Tensor] = (), **kwargs):
-    """``(fn(*args, **kwargs), bytes it keeps for backward)``: autograd's saved storages (each once,
-    ``exclude``'s storages left out) plus the routing buffers it opened."""
-    counter = SavedBytes(exclude)
-    before = held_bytes()
-    with counter.track():
-        out = fn(*args, **kwargs)
-    return out, counter.nbytes + max(0, held_bytes() - before)
+    return {"params": sum(storages(params).values()),
+            "grads": sum(storages(p for p in params if p.requires_grad).values()),
+            "optimizer": sum(storages(state).values())}
 
 
 class _Measured:
