@@ -74,7 +74,8 @@ def test_more_seeds_in_the_file_are_one_more_experiment(tmp_path):
 
 def test_add_seeds_appends_after_the_largest_seed_in_effect(tmp_path):
     _launched(tmp_path, _spec([0, 1, 2, 3]))
-    spec, state, line = extend.prepare(_spec([0, 1, 2, 3]), tmp_path, URI, add_seeds=2)
+    launch = extend.prepare(_spec([0, 1, 2, 3]), tmp_path, URI, add_seeds=2)
+    spec, state, line = launch.spec, launch.state, launch.message
     assert spec.grid["seed"] == [0, 1, 2, 3, 4, 5] and state["parent_run_id"] == "p1"
     assert "seeds 4, 5 added" in line and "does not rewrite" in line and STATE_FILE in line
     saved = read_state(tmp_path)
@@ -89,7 +90,7 @@ def test_add_seeds_appends_after_the_largest_seed_in_effect(tmp_path):
     assert [(x.name, x.seeds) for x in p.parts] == [("", [0, 1, 2, 3]), ("extend-1", [4, 5]), ("extend-2", [7, 8])]
     # an unchanged relaunch after the growth: the same experiments, nothing new, nothing rewritten
     before = (tmp_path / STATE_FILE).read_text()
-    spec, _, _ = extend.prepare(_spec([0, 1, 2, 3, 4, 5]), tmp_path, URI)
+    spec = extend.prepare(_spec([0, 1, 2, 3, 4, 5]), tmp_path, URI).spec
     assert spec.grid["seed"] == [0, 1, 2, 3, 4, 5] and (tmp_path / STATE_FILE).read_text() == before
 
 
