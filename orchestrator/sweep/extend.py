@@ -204,9 +204,9 @@ def prepare(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: 
     gone) the parent run's record. Caches the seeds in effect before anything runs (the record gets
     them once tracking is open: ``history.record_launch``); a growth that has not started simply
     starts on the next launch."""
-    state = read_state(exp_dir) or history.from_record(spec, uri)
-    launch = plan(spec, exp_dir, uri, add_seeds, only, state)
-    if launch.state and not read_state(exp_dir):  # rebuilt from the record: cached again
+    cached = read_state(exp_dir)
+    launch = plan(spec, exp_dir, uri, add_seeds, only, cached or history.from_record(spec, uri))
+    if launch.state and not cached:  # rebuilt from the record: cached again
         write_state(exp_dir, launch.state)
     if launch.record is not None and any(launch.state.get(k) != v for k, v in launch.record.items()):
         write_state(exp_dir, launch.record)
