@@ -114,7 +114,8 @@ def _run(launch: extend.Launch, address: str | None, log: Path, status_every: fl
     mode = spec.search.mode if spec.search else spec.report.mode
     r = spec.resources
     workers = f" x {r.workers} workers ({r.parallel})" if r.workers > 1 else ""
-    resumed = launch_note(ray_trials(exp_dir), spec.n_trials(), stale) if state else ""
+    done = frozenset(history.done_trials(child_runs(cl, exp_id, parent)))  # the record's finished trials
+    resumed = launch_note(history.reconcile(ray_trials(exp_dir), done), spec.n_trials(), stale) if state else ""
     print(f"sweep {spec.name}: {spec.n_trials()} trials, {r.cpu:g} CPU / {r.gpu:g} GPU each{workers}, Ray "
           f"{'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} (experiment {spec.name}, "
           f"parent run {parent}){resumed}; Ray's own log {log}", flush=True)
@@ -125,7 +126,7 @@ def _run(launch: extend.Launch, address: str | None, log: Path, status_every: fl
     clock = WallClock(cl, parent, spec, ray_start_s, int(state.get("launches", 0)) + 1)
     try:
         view = _live_view(spec, metric, mode, status_every)
-        tuner = _tuner(launch, view, ctx, cl)
+        tuner = _tuner(launch, view, ctx, done)
         fitting = True
         clock.start()  # a beat every WALL_BEAT_S: a killed driver's launch counts up to its last beat
         with connect.output_to(log):
@@ -245,12 +246,11 @@ def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
                      every=every, uri=tracking_uri())
 
 
-def _tuner(launch: extend.Launch, view, ctx: dict, cl):
+def _tuner(launch: extend.Launch, view, ctx: dict, done: frozenset):
     """The launch's Tuner; a sweep whose seeds grew has one Ray experiment per growth, fitted in
-    turn, and an experiment whose trials the record has all finished is not restored
+    turn, and an experiment whose trials the record has all finished (``done``) is not restored
     (``orchestrator.sweep.extend``)."""
-    done = history.done_trials(child_runs(cl, launch.exp_id, launch.parent))
-    return extend.tuners(launch, view, ctx, _one_tuner, frozenset(done))
+    return extend.tuners(launch, view, ctx, _one_tuner, done)
 
 
 def _one_tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):

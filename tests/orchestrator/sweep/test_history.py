@@ -59,7 +59,8 @@ def run_sweep(spec, *, add_seeds=0, only=None, results=None, **_):
     cl, _, _ = driver._open_tracking(launch)
     view = SimpleNamespace(total=0, final_status={})
     ctx = {"uri": launch.uri, "parent_run_id": launch.parent, "exp_dir": str(launch.exp_dir)}
-    grid = driver._tuner(launch, view, ctx, cl).fit()
+    done = frozenset(history.done_trials(record.child_runs(cl, launch.exp_id, launch.parent)))  # as _run
+    grid = driver._tuner(launch, view, ctx, done).fit()
     summary = finish(launch, cl, grid, elapsed=0.0, metric="final/val_loss", mode="min", final_status={})
     return {**summary, "launch": launch}
 
