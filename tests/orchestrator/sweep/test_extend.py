@@ -259,3 +259,13 @@ def test_the_shipped_default_sweep_plans_as_one_experiment(tmp_path):
     spec = load_spec(ROOT / "sweeps" / "default.yaml")
     p = extend.plan(spec, tmp_path, URI)
     assert len(p.parts) == 1 and p.spec is spec
+
+
+def test_the_extension_folders_are_found_without_the_cache(tmp_path):
+    from orchestrator.sweep.local_state import extension_dirs
+
+    for name in ("extend-10", "extend-2", "extend-1", "extend-x", "trial"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "extend-3").write_text("")  # a file, not a Ray experiment
+    assert [p.name for p in extension_dirs(tmp_path)] == ["extend-1", "extend-2", "extend-10"]
+    assert not (tmp_path / STATE_FILE).exists()
