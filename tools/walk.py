@@ -55,11 +55,11 @@ def traced(calls: Counter):
 
 def _lime(argv: list[str], calls: Counter | None = None) -> int:
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        with traced(calls) if calls is not None else contextlib.nullcontext():
-            from orchestrator.cli import main
+    trace = traced(calls) if calls is not None else contextlib.nullcontext()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out), trace:
+        from orchestrator.cli import main
 
-            rc = main(argv)
+        rc = main(argv)
     if rc not in (0, 1):
         print(out.getvalue()[-2000:], file=sys.stderr)
     return rc

@@ -14,7 +14,7 @@ import yaml
 
 from lime_arch import ConfigError
 from orchestrator.sweep import extend
-from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state
+from orchestrator.sweep.local_state import STATE_FILE, extension_dirs, read_state, write_state
 from orchestrator.sweep.spec import load_spec, parse_spec
 from orchestrator.sweep.view import ray_trials
 from tests.sweeps import sweep_env
@@ -262,8 +262,6 @@ def test_the_shipped_default_sweep_plans_as_one_experiment(tmp_path):
 
 
 def test_the_extension_folders_are_found_without_the_cache(tmp_path):
-    from orchestrator.sweep.local_state import extension_dirs
-
     for name in ("extend-10", "extend-2", "extend-1", "extend-x", "trial"):
         (tmp_path / name).mkdir()
     (tmp_path / "extend-3").write_text("")  # a file, not a Ray experiment
