@@ -242,6 +242,8 @@ def finished(part: Part, done: frozenset = frozenset()) -> bool:
     saved = ray_trials(part.dir, extensions=False)
     if len(saved) >= part.spec.n_trials() and all(s == RAY_DONE for s in saved.values()):
         return True
+    if not done:
+        return False
     states, ids = history.reconcile(saved, done), part.spec.trial_ids()
     return bool(ids) and all(states.get(i) == RAY_DONE for i in ids)
 
