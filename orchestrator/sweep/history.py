@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core import record
+from orchestrator.core import outbox, record
 from orchestrator.core.record import cast_param
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, missing_store
@@ -74,7 +74,7 @@ def from_record(spec: SweepSpec, uri: str) -> dict:
     only: a local store that does not exist is not created."""
     if missing_store(uri) is not None:
         return {}
-    cl = client(uri)
+    cl = outbox.PatientClient(client(uri))  # a server away is waited for, then one line, as the driver's
     exp = cl.get_experiment_by_name(spec.name)
     if exp is None:
         return {}
