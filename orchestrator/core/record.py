@@ -17,7 +17,8 @@ experiment with the sweep's fingerprint (``find_parent``); a trial's run is its 
 its ``trial_id`` (``trial_runs``), and a trial whose run is finished is never trained again. The
 others are derived from it or hold what MLflow cannot:
   ``<results>/ray/<sweep>/lime_sweep.json``  a local cache of the parent run id, the store and the
-      seed history (rebuilt from the parent when missing: its params carry the seed extensions);
+      seed history (rebuilt from the parent when missing: BASE_SEEDS, SEED_EXTENSION and
+      SEED_VALUES params, ``orchestrator.sweep.history``);
   a trial's checkpoint                         the weights, optimizer state and step a trial
       continues from (its ``run_id`` is only checked against the record);
   Ray's experiment folder                      the scheduler's queue (which trials are pending);
@@ -52,7 +53,9 @@ REPORT = "sweep.report."  # prefix of the report settings
 AXES = "sweep.axes"
 FINGERPRINT = "sweep.fingerprint"
 SEARCH_METRIC = "sweep.search.metric"  # only a search sweep's parent has it
-SEED_EXTENSION = "sweep.seeds."  # + extension name ("extend-1"): the seeds it added
+SEED_EXTENSION = "sweep.seeds."  # + extension name ("extend-1"): the seeds it added ("4, 5")
+SEED_VALUES = "sweep.values."  # + extension name: a wave's compared axis and values (JSON {"axis", "values"})
+BASE_SEEDS = "sweep.base_seeds"  # the first launch's seeds ("0, 1"): the FINGERPRINT's trials
 REPORT_KEYS = ("metric", "axis", "baseline", "alpha", "mode", "tune", "paper", "margin",
                "final_evals")  # what a file may state
 REPORT_OPTIONAL = ("alpha", "mode", "paper", "tune", "margin", "final_evals")  # absent on parents of older sweeps

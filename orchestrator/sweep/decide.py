@@ -9,8 +9,9 @@ wave is a seed growth of the sweep (``orchestrator.sweep.extend``: another Ray e
 same MLflow parent run, its trials run concurrently by Ray Tune) restricted to those values, so the
 trial set is no longer a full cross product; trial ids stay the grid's.
 
-What survives a killed driver: the waves' seeds and values in ``lime_sweep.json`` (an interrupted
-wave resumes first), and each look's decisions on the parent run (``sweep.decide.wave-<k>``, with the
+What survives a killed driver: the waves' seeds and values on the parent run (``sweep.seeds.extend-<k>``
+and ``sweep.values.extend-<k>``, ``orchestrator.sweep.history``; cached in ``lime_sweep.json``: an
+interrupted wave resumes first), and each look's decisions (``sweep.decide.wave-<k>``, with the
 settings ``sweep.decide.*`` and the absolute margin ``sweep.decide.margin_abs``; a % margin is fixed
 from the baseline's mean at the first look). The decisions are a function of the finished trials,
 so the resumed loop reaches the same ones and continues where it was.
@@ -38,11 +39,9 @@ from orchestrator.decide.waves import Design, Wave, differences, run_waves
 from orchestrator.sweep.blocks import with_options  # noqa: F401 - the flags' check lives torch-free
 from orchestrator.sweep.checks import key_of
 from orchestrator.sweep.driver import run_sweep
-from orchestrator.sweep.local_state import read_state
 from orchestrator.sweep.mlflow_runs import budget_text
 from orchestrator.sweep.schema import SweepSpec
 from orchestrator.sweep.spec import estimate
-from orchestrator.sweep.view import experiment_dir
 
 
 def _compared(spec: SweepSpec) -> tuple[str, str, list, Any]:
@@ -98,10 +97,9 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
     summary = sweep()
     if summary["unfinished"]:  # a look reads whole waves only: an interrupted launch ends the loop
         return _interrupted(spec, summary, [])
-    exp_dir = experiment_dir(spec.name, results)
-    state = read_state(exp_dir)
-    cl = client(state["tracking_uri"])
-    parent, exp_id = state["parent_run_id"], state["experiment_id"]
+    launch = summary["launch"]  # the first wave's (or the interrupted one's), with its parent run
+    cl = client(launch.uri)
+    parent, exp_id = launch.parent, launch.exp_id
     params = _settings(cl, parent, spec)
     axis, seed_axis, values, baseline = _compared(spec)
 
@@ -133,7 +131,7 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
 
     looks: list[Wave] = []
 
-    def launch(variants: list, seeds: list) -> None:
+    def grow(variants: list, seeds: list) -> None:
         nonlocal summary
         summary = sweep(add_seeds=len(seeds), only=variants)
         if summary["unfinished"]:
@@ -144,8 +142,8 @@ def run_until_decided(spec: SweepSpec, *, address: str | None = None, results: s
         keep(wave)
 
     try:
-        waves = run_waves(fetch, launch, design, kept, first_index=1 + len(state.get("extensions") or []),
-                          meter=meter, stopped=_stopped(params, values) if design.budget is not None else None)
+        waves = run_waves(fetch, grow, design, kept, first_index=1 + len(launch.extensions), meter=meter,
+                          stopped=_stopped(params, values) if design.budget is not None else None)
     except _Interrupted:
         return _interrupted(spec, summary, looks)
     return {**summary, "waves": waves}

@@ -14,7 +14,7 @@
   up to its last beat: ``WallClock``), the slots (trials at once), Ray's start and the launch
   count (``sweep/*``): the report's efficiency ratio.
 - MLflow (``orchestrator.sweep.mlflow_runs``): one parent run per sweep (its id is kept in
-  ``<results>/ray/<sweep>/lime_sweep.json`` so it survives driver restarts), one child run per
+  ``<results>/ray/<sweep>/lime_sweep.json``, a cache: without it the record is searched), one child run per
   trial. Runs left ``RUNNING`` by a killed driver are closed on the next start and at the end;
   the summary at the end is ``orchestrator.sweep.finish``.
 - Running the same sweep again resumes it (``Tuner.restore``): finished trials are not run again,
@@ -34,10 +34,10 @@ from typing import Any
 
 from lime_arch import ConfigError
 from orchestrator.core import dashboard, outbox, record
-from orchestrator.core.record import end_run
+from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
-from orchestrator.sweep import connect, evaluate, extend, preflight
+from orchestrator.sweep import connect, evaluate, extend, history, preflight
 from orchestrator.sweep.console import TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
 from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
@@ -68,7 +68,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
               connect_timeout: float | None = None, only: list | None = None) -> dict:
     """Run (or resume, or grow by ``add_seeds`` seeds, for the values ``only`` of the compared axis
     when given: a wave of ``orchestrator.sweep.decide``) a validated sweep; returns a summary dict
-    (``ok``, counts, parent run, best).
+    (``ok``, counts, parent run, best, and ``launch``: the ``extend.Launch`` that ran).
 
     Nothing is recorded before Ray is up: a failed connection leaves MLflow and the sweep's state
     as they were (``orchestrator.sweep.connect``: one line, exit 2)."""
@@ -79,9 +79,10 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
     else:
         preflight.check_local(spec)  # the CLI checked it before Ray loaded; run_sweep's other callers here
     evaluate.preflight(spec)  # the eval: block's tasks and data, before anything is recorded
-    spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds, only)  # refuses changed trials
-    if grown:
-        print(grown, flush=True)
+    launch = extend.prepare(spec, exp_dir, uri, add_seeds, only)  # planned once; refuses changed trials
+    if launch.message:
+        print(launch.message, flush=True)
+    spec = launch.spec
     timeout = connect.connect_timeout(connect_timeout)
     _quiet_ray()
     log = exp_dir / connect.DRIVER_LOG
@@ -96,7 +97,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
         if address and uri.startswith("sqlite:"):  # after the checks: a refusal stays one line
             print(f"note: MLflow store {uri} is a local file; workers on other machines need the same path "
                   "(a shared filesystem) or an `mlflow server` (MLFLOW_TRACKING_URI=http://...)")
-        return _run(spec, uri, exp_dir, state, address, log, status_every, time.monotonic() - t0)
+        return _run(launch, address, log, status_every, time.monotonic() - t0)
     finally:
         if started:
             import ray
@@ -105,14 +106,16 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
                 ray.shutdown()
 
 
-def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | None, log: Path,
-         status_every: float, ray_start_s: float) -> dict:
-    cl, exp_id, parent, stale, before = _open_tracking(spec, uri, exp_dir, state)
+def _run(launch: extend.Launch, address: str | None, log: Path, status_every: float, ray_start_s: float) -> dict:
+    spec, uri, exp_dir, state = launch.spec, launch.uri, launch.exp_dir, launch.state
+    cl, stale, before = _open_tracking(launch)
+    exp_id, parent = launch.exp_id, launch.parent
     metric = spec.search.metric if spec.search else spec.report.metric
     mode = spec.search.mode if spec.search else spec.report.mode
     r = spec.resources
     workers = f" x {r.workers} workers ({r.parallel})" if r.workers > 1 else ""
-    resumed = launch_note(ray_trials(exp_dir), spec.n_trials(), stale) if state else ""
+    done = frozenset(history.done_trials(child_runs(cl, exp_id, parent)))  # the record's finished trials
+    resumed = launch_note(history.reconcile(ray_trials(exp_dir), done), spec.n_trials(), stale) if state else ""
     print(f"sweep {spec.name}: {spec.n_trials()} trials, {r.cpu:g} CPU / {r.gpu:g} GPU each{workers}, Ray "
           f"{'at ' + address if address else 'local'}; results {exp_dir}; MLflow {uri} (experiment {spec.name}, "
           f"parent run {parent}){resumed}; Ray's own log {log}", flush=True)
@@ -123,7 +126,7 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
     clock = WallClock(cl, parent, spec, ray_start_s, int(state.get("launches", 0)) + 1)
     try:
         view = _live_view(spec, metric, mode, status_every)
-        tuner = _tuner(spec, exp_dir, view, ctx)
+        tuner = _tuner(launch, view, ctx, done)
         fitting = True
         clock.start()  # a beat every WALL_BEAT_S: a killed driver's launch counts up to its last beat
         with connect.output_to(log):
@@ -139,14 +142,16 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
             end_run(cl, parent, before)
         close_stale_runs(cl, exp_id, parent)
         raise
-    return finish(spec, cl, exp_id, parent, grid, elapsed=elapsed, metric=metric, mode=mode, exp_dir=exp_dir,
-                  final_status=dict(view.final_status))
+    summary = finish(launch, cl, grid, elapsed=elapsed, metric=metric, mode=mode,
+                     final_status=dict(view.final_status))
+    return {**summary, "launch": launch}
 
 
-def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
-                   ) -> tuple[Any, str, str, int, TrialStatus | None]:
-    """The MLflow client, experiment, parent run, the number of stale runs closed and the parent's
-    state before this launch reopened it (None: a new parent); saves the sweep's state."""
+def _open_tracking(launch: extend.Launch) -> tuple[Any, int, TrialStatus | None]:
+    """The MLflow client, the number of stale runs closed and the parent's state before this launch
+    reopened it (None: a new parent); the launch gets its parent run and experiment, the parent the
+    launch's seeds (``history.record_launch``), and the cache its state."""
+    spec, uri, state = launch.spec, launch.uri, launch.state
     init_store(uri)
     cl = outbox.PatientClient(client(uri))  # a server away at the end of a sweep is waited for, not a traceback
     exp_id = experiment_id(spec.name, cl)
@@ -154,12 +159,14 @@ def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
     parent = parent_run(spec, cl, exp_id, state)
     if parent != state.get("parent_run_id"):
         before = None
-    write_state(exp_dir, {"name": spec.name, "fingerprint": spec.fingerprint(), "parent_run_id": parent,
-                          "tracking_uri": uri, "experiment_id": exp_id, "file": spec.path,
-                          "launches": int(state.get("launches", 0)) + 1})
+    launch.parent, launch.exp_id = parent, exp_id
+    history.record_launch(cl, parent, launch)
+    write_state(launch.exp_dir, {"name": spec.name, "fingerprint": spec.fingerprint(), "parent_run_id": parent,
+                                 "tracking_uri": uri, "experiment_id": exp_id, "file": spec.path,
+                                 "launches": int(state.get("launches", 0)) + 1})
     stale = close_stale_runs(cl, exp_id, parent)
     os.environ["MLFLOW_TRACKING_URI"] = uri
-    return cl, exp_id, parent, stale, before
+    return cl, stale, before
 
 
 WALL_BEAT_S = 5.0  # how often a launch adds its time so far to the parent's sweep/wall_s
@@ -239,10 +246,11 @@ def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
                      every=every, uri=tracking_uri())
 
 
-def _tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):
-    """The sweep's Tuner; a sweep whose seeds grew has one Ray experiment per growth, fitted in
-    turn (``orchestrator.sweep.extend``)."""
-    return extend.tuners(spec, exp_dir, view, ctx, _one_tuner)
+def _tuner(launch: extend.Launch, view, ctx: dict, done: frozenset):
+    """The launch's Tuner; a sweep whose seeds grew has one Ray experiment per growth, fitted in
+    turn, and an experiment whose trials the record has all finished (``done``) is not restored
+    (``orchestrator.sweep.extend``)."""
+    return extend.tuners(launch, view, ctx, _one_tuner, done)
 
 
 def _one_tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):

@@ -1,39 +1,42 @@
 """Resuming a sweep, and growing its seed axis: only the new trials run, under the same parent run.
 
 A launch of a sweep that ran before continues it when the file defines the same trials (the
-fingerprint saved in ``lime_sweep.json``, ``orchestrator.sweep.local_state``). The one change allowed
-is more seeds: ``grid.seed`` grown in the file, or ``lime sweep run FILE --add-seeds N`` (N new
-seeds after the largest one in effect; the file is not rewritten, so the state remembers them).
-Anything else that changes the trial set is refused, as is removing a seed that ran.
+fingerprint of the parent run's first launch). The one change allowed is more seeds:
+``grid.seed`` grown in the file, or ``lime sweep run FILE --add-seeds N`` (N new seeds after the
+largest one in effect; the file is not rewritten, so the record remembers them). Anything else
+that changes the trial set is refused, as is removing a seed that ran.
 
 Ray Tune cannot add trials to an experiment it restores, so every growth is one more Ray
 experiment inside the sweep's folder: ``results/ray/<sweep>/`` is the first launch's experiment
 (as always) and ``results/ray/<sweep>/extend-<k>/`` the k-th growth's (its trials' folders and
 logs are there). Each launch resumes every experiment that is not finished, in order, then the
 new one; all trials log to the same MLflow experiment and parent run, so ``lime report`` sees
-them all. The state records ``seeds`` (in effect), ``base_seeds`` and ``base_fingerprint`` (the
-first launch's) and ``extensions`` ([{name, seeds}]), so an interrupted growth resumes with a
-plain ``lime sweep run FILE``. States written before this existed are read by their fingerprint:
-seeds appended at the end of ``grid.seed`` are recognised.
+them all.
+
+A launch is planned once (``prepare``) into a ``Launch`` that the driver hands on: to tracking
+(which records its seeds on the parent run and fills in the run's ids), to the tuner
+(``tuners``), to ``finish`` and to the waves (``orchestrator.sweep.decide``). Its history (the
+first launch's seeds and fingerprint, and one entry per extension: its seeds and, for a wave, the
+values it runs) comes from ``lime_sweep.json`` (``orchestrator.sweep.local_state``), a cache of the
+parent run's params; without it, from the record (``orchestrator.sweep.history.from_record``).
+Caches written before seed growth existed are read by their fingerprint: seeds appended at the
+end of ``grid.seed`` are recognised.
 """
 from __future__ import annotations
 
 import dataclasses
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from lime_arch import ConfigError
-from orchestrator.core import record
-from orchestrator.core.tracking import client
-from orchestrator.sweep.files import resolved_yaml
+from orchestrator.sweep import history
+from orchestrator.sweep.history import EXT_PREFIX
+from orchestrator.sweep.history import fmt_seeds as _fmt
 from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state
 from orchestrator.sweep.mlflow_runs import RAY_DONE
 from orchestrator.sweep.schema import SweepSpec
 from orchestrator.sweep.view import ray_trials
-
-EXT_PREFIX = "extend-"
 
 
 @dataclasses.dataclass
@@ -44,41 +47,56 @@ class Part:
     seeds: list | None  # the seed values it runs (None: a sweep without a seed axis, or a search)
     spec: SweepSpec  # the sweep restricted to those seeds
     dir: Path  # its Ray experiment folder
+    axis: str | None = None  # a wave's: the compared axis and the values it runs (None: every value)
+    values: list | None = None
 
 
 @dataclasses.dataclass
-class Plan:
-    """What a launch runs: the sweep in effect (every seed) and its Ray experiments."""
+class Launch:
+    """One launch of a sweep: the sweep in effect (every seed) and its Ray experiments, planned
+    once and handed on; tracking fills in ``parent`` and ``exp_id``."""
 
     spec: SweepSpec
-    state: dict  # the saved state ({}: a first launch)
+    state: dict  # the history it continues (the cache, else the record; {}: a first launch)
     parts: list[Part]
     added: list  # seeds this launch adds
     message: str | None  # one line for the console, or None
-    record: dict | None  # the state keys to save (None: nothing to save)
+    record: dict | None  # the history to save (None: nothing new)
+    exp_dir: Path = Path()
+    uri: str = ""
+    parent: str | None = None  # the parent run, once tracking is open
+    exp_id: str | None = None
 
-
-def _fmt(seeds: list) -> str:
-    return ", ".join(str(s) for s in seeds)
+    @property
+    def extensions(self) -> list[dict]:
+        """The seed extensions in effect (each a Ray experiment after the first)."""
+        return list((self.record or self.state).get("extensions") or [])
 
 
 def _where(spec: SweepSpec) -> str:
     return spec.path or spec.name
 
 
-def _part_spec(spec: SweepSpec, ext: dict) -> SweepSpec:
-    """An extension's trials: its seeds, and only the axis values it names (a wave of sequential seeds)."""
+def _ext_part(spec: SweepSpec, ext: dict, exp_dir: Path) -> Part:
+    """An extension's Ray experiment: its seeds, and only the axis values it names (a wave of
+    sequential seeds)."""
     part = spec.with_seeds(ext["seeds"])
-    return part.with_values(ext["axis"], ext["values"]) if ext.get("values") is not None else part
+    values = ext.get("values")
+    if values is not None:
+        part = part.with_values(ext["axis"], values)
+    return Part(ext["name"], list(ext["seeds"]), part, exp_dir / ext["name"],
+                ext.get("axis") if values is not None else None, None if values is None else list(values))
 
 
-def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: list | None = None) -> Plan:
-    """The launch of ``spec`` against the saved state in ``exp_dir``; ConfigError when it cannot
-    continue that sweep (its trials changed, a seed that ran was removed, another MLflow store).
-    ``only``: the values of the compared axis the added seeds run for (``orchestrator.sweep.decide``:
-    the baseline and the undecided variants); None: every value."""
+def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: list | None = None,
+         state: dict | None = None) -> Launch:
+    """The launch of ``spec`` against the sweep's history ``state`` (default: the cache in
+    ``exp_dir``; nothing is read from MLflow: the dry run plans with it); ConfigError when it
+    cannot continue that sweep (its trials changed, a seed that ran was removed, another MLflow
+    store). ``only``: the values of the compared axis the added seeds run for
+    (``orchestrator.sweep.decide``: the baseline and the undecided variants); None: every value."""
     exp_dir = Path(exp_dir)
-    state = read_state(exp_dir)
+    state = read_state(exp_dir) if state is None else state
     if not state.get("fingerprint") and "base_fingerprint" not in state:
         state = {}  # nothing ran from it
     axis = spec.seed_axis() if spec.search is None else None
@@ -93,10 +111,11 @@ def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: lis
     if state.get("tracking_uri") and state["tracking_uri"] != uri:
         raise ConfigError(f"MLFLOW_TRACKING_URI: {exp_dir} was started with the MLflow store "
                           f"{state['tracking_uri']}; set MLFLOW_TRACKING_URI to it to resume, or delete {exp_dir}")
+    where = {"exp_dir": exp_dir, "uri": uri}
     if axis is None:
         if state and state.get("base_fingerprint", state.get("fingerprint")) != spec.fingerprint():
             raise _changed(spec, exp_dir)
-        return Plan(spec, state, [Part("", None, spec, exp_dir)], [], None, None)
+        return Launch(spec, state, [Part("", None, spec, exp_dir)], [], None, None, **where)
     file_seeds = list(spec.grid[axis])
     if not state:  # a first launch: the file's seeds and any added ones are one experiment
         added = _after(file_seeds, add_seeds)
@@ -105,7 +124,7 @@ def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: lis
                   "extensions": []}
         msg = (f"seeds {_fmt(added)} added to the file's {_fmt(file_seeds)}: {first.spec.n_trials()} trials"
                + _not_rewritten(spec, axis, file_seeds, exp_dir)) if added else None
-        return Plan(first.spec, state, [first], added, msg, record if added else None)
+        return Launch(first.spec, state, [first], added, msg, record if added else None, **where)
     base_seeds, exts, base_fp = _history(state, spec, axis, exp_dir)
     removed = [s for s in base_seeds if s not in file_seeds]
     if removed:
@@ -114,14 +133,14 @@ def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: lis
     in_effect = base_seeds + [s for e in exts for s in e["seeds"]]
     added = [s for s in file_seeds if s not in in_effect] + _after([*in_effect, *file_seeds], add_seeds)
     parts = [Part("", base_seeds, spec.with_seeds(base_seeds), exp_dir)]
-    parts += [Part(e["name"], list(e["seeds"]), _part_spec(spec, e), exp_dir / e["name"]) for e in exts]
+    parts += [_ext_part(spec, e, exp_dir) for e in exts]
     if added:
         name = f"{EXT_PREFIX}{len(exts) + 1}"
         ext = {"name": name, "seeds": added}
         if only is not None:
             ext.update(axis=_compared_axis(spec), values=list(only))
         exts = [*exts, ext]
-        parts.append(Part(name, added, _part_spec(spec, ext), exp_dir / name))
+        parts.append(_ext_part(spec, ext, exp_dir))
     full = spec.with_seeds(in_effect + added)
     if any(e.get("values") is not None for e in exts):  # waves: the union of the parts, not a cross product
         full = full.restricted({i for p in parts for i in p.spec.trial_ids()})
@@ -135,8 +154,8 @@ def plan(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: lis
     elif [s for s in in_effect if s not in file_seeds]:
         earlier = [s for s in in_effect if s not in file_seeds]
         msgs.append(f"seeds in effect: {_fmt(full.grid[axis])} ({_fmt(earlier)} added earlier and not in the file; "
-                    f"{exp_dir / STATE_FILE} remembers them)")
-    return Plan(full, state, parts, added, "; ".join(msgs) or None, record)
+                    f"the parent run records them, {exp_dir / STATE_FILE} caches them)")
+    return Launch(full, state, parts, added, "; ".join(msgs) or None, record, exp_dir=exp_dir, uri=uri)
 
 
 def _compared_axis(spec: SweepSpec) -> str:
@@ -153,9 +172,7 @@ def _after(seeds: list, n: int) -> list[int]:
 
 def _not_rewritten(spec: SweepSpec, axis: str, file_seeds: list, exp_dir: Path) -> str:
     return (f"; --add-seeds does not rewrite {spec.path or 'the file'} (its grid.{axis} stays {_fmt(file_seeds)}): "
-            f"{exp_dir / STATE_FILE} remembers the seeds in effect")
-
-
+            f"the parent run records the seeds in effect, {exp_dir / STATE_FILE} caches them")
 def _history(state: dict, spec: SweepSpec, axis: str, exp_dir: Path) -> tuple[list, list[dict], str]:
     """(the first launch's seeds, the extensions so far, the first launch's fingerprint)."""
     if "base_seeds" in state and "base_fingerprint" in state:
@@ -182,30 +199,34 @@ def _changed(spec: SweepSpec, exp_dir: Path) -> ConfigError:
                        "sweep over")
 
 
-def prepare(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0,
-            only: list | None = None) -> tuple[SweepSpec, dict, str | None]:
-    """``plan`` for a real launch: records the seeds in effect in the state (before anything
-    runs: a growth that has not started simply starts on the next launch). Returns the sweep in
-    effect, the saved state as it was, and the line to print."""
-    p = plan(spec, exp_dir, uri, add_seeds, only)
-    if p.record is not None and any(p.state.get(k) != v for k, v in p.record.items()):
-        write_state(exp_dir, p.record)
-    return p.spec, p.state, p.message
+def prepare(spec: SweepSpec, exp_dir: Path, uri: str, add_seeds: int = 0, only: list | None = None) -> Launch:
+    """``plan`` for a real launch, against the sweep's history: the cache, else (``lime_sweep.json``
+    gone) the parent run's record. Caches the seeds in effect before anything runs (the record gets
+    them once tracking is open: ``history.record_launch``); a growth that has not started simply
+    starts on the next launch."""
+    cached = read_state(exp_dir)
+    launch = plan(spec, exp_dir, uri, add_seeds, only, cached or history.from_record(spec, uri))
+    if launch.state and not cached:  # rebuilt from the record: cached again
+        write_state(exp_dir, launch.state)
+    if launch.record is not None and any(launch.state.get(k) != v for k, v in launch.record.items()):
+        write_state(exp_dir, launch.record)
+    return launch
 
 
 # -- running the experiments ------------------------------------------------------------------------------
 class Sequence:
     """The sweep's Ray experiments, fitted in turn; quacks like a ``Tuner`` (``fit`` returns the
-    results of every experiment it ran). An experiment whose trials all finished is not restored."""
+    results of every experiment it ran). An experiment whose trials are all done (by Ray's saved
+    state, or by the record: ``done``) is not restored."""
 
-    def __init__(self, parts: list[Part], view, ctx: dict, make: Callable[..., Any]):
-        self.parts, self.view, self.ctx, self.make = parts, view, ctx, make
+    def __init__(self, parts: list[Part], view, ctx: dict, make: Callable[..., Any], done: frozenset = frozenset()):
+        self.parts, self.view, self.ctx, self.make, self.done = parts, view, ctx, make, done
 
     def fit(self) -> list:
         results: list = []
         final: dict[str, str] = {}
         for part in self.parts:
-            if finished(part):
+            if finished(part, self.done):
                 continue
             self.view.total = part.spec.n_trials()
             tuner = self.make(part.spec, part.dir, self.view, {**self.ctx, "exp_dir": str(part.dir)})
@@ -215,41 +236,21 @@ class Sequence:
         return results
 
 
-def finished(part: Part) -> bool:
-    """Every trial of the experiment finished (by Ray's saved state)."""
+def finished(part: Part, done: frozenset = frozenset()) -> bool:
+    """Every trial of the experiment is done: by Ray's saved state, or (a grid's, its Ray folder
+    perhaps gone) by the record (``done``: the trial ids whose runs finished, ``history.reconcile``)."""
     saved = ray_trials(part.dir, extensions=False)
-    return len(saved) >= part.spec.n_trials() and all(s == RAY_DONE for s in saved.values())
+    if len(saved) >= part.spec.n_trials() and all(s == RAY_DONE for s in saved.values()):
+        return True
+    if not done:
+        return False
+    states, ids = history.reconcile(saved, done), part.spec.trial_ids()
+    return bool(ids) and all(states.get(i) == RAY_DONE for i in ids)
 
 
-def tuners(spec: SweepSpec, exp_dir: Path, view, ctx: dict, make: Callable[..., Any]):
-    """The Tuner of a sweep (``make(spec, exp_dir, view, ctx)``), or a ``Sequence`` of them
-    when its seeds grew; logs the growth on the parent run."""
-    parts = plan(spec, exp_dir, ctx["uri"]).parts
-    if len(parts) == 1:
-        return make(spec, exp_dir, view, ctx)
-    _log_growth(spec, parts, ctx)
-    return Sequence(parts, view, ctx, make)
-
-
-def _log_growth(spec: SweepSpec, parts: list[Part], ctx: dict) -> None:
-    """The parent run: a param per extension (``sweep.seeds.extend-1``: its seeds), the seeds and
-    trial count in effect as tags, and the resolved sweep with every seed (what ran)."""
-    from mlflow.entities import Param
-
-    cl = client(ctx["uri"])
-    parent = ctx["parent_run_id"]
-    have = cl.get_run(parent).data.params
-    new = [Param(record.SEED_EXTENSION + p.name, _fmt(p.seeds)) for p in parts[1:]
-           if record.SEED_EXTENSION + p.name not in have]
-    if new:
-        cl.log_batch(parent, params=new)
-    axis = spec.seed_axis()
-    record.ParentTags(seeds=_fmt(spec.grid[axis]), n_trials=str(spec.n_trials())).write(cl, parent)
-    if new and spec.resolved:
-        resolved = dict(spec.resolved)
-        resolved["grid"] = {**(resolved.get("grid") or {}), axis: list(spec.grid[axis])}
-        with tempfile.TemporaryDirectory() as d:
-            p = Path(d) / f"{spec.name}.resolved.yaml"
-            p.write_text(f"# {spec.name}: the sweep file with its extends chain applied and the seeds in effect "
-                         "(what ran)\n" + resolved_yaml(resolved))
-            cl.log_artifact(parent, str(p), "sweep")
+def tuners(launch: Launch, view, ctx: dict, make: Callable[..., Any], done: frozenset = frozenset()):
+    """The Tuner of a launch (``make(spec, exp_dir, view, ctx)``), or a ``Sequence`` of them when its
+    seeds grew or its trials are all done (``done``: the trial ids whose runs finished)."""
+    if len(launch.parts) == 1 and not finished(launch.parts[0], done):
+        return make(launch.spec, launch.exp_dir, view, ctx)
+    return Sequence(launch.parts, view, ctx, make, done)

@@ -10,10 +10,12 @@ each launch; so are the sweep's wall time and slots (``sweep/*``, ``orchestrator
 The report's ``scaling/*`` and ``isoflop/*`` numbers are metrics of the parent (the scaling fits as
 metrics) under names no trial logs, so none is a bar in a trial chart (``make dashboard-check``).
 
-Which trials this launch ended comes from Ray's saved experiment state: a trial RUNNING or PENDING
-there is unfinished (an interrupted sweep reports its stopped trials as terminated in memory, but
-saves them as running), and its MLflow run is marked killed: it continues on the next launch. What
-a sweep has recorded (and so how it resumes) is the MLflow record (``orchestrator.core.record``).
+Which trials this launch ended comes from Ray's saved experiment state, corrected by the record
+(``orchestrator.sweep.history.reconcile``: a trial whose run finished is done, though Ray's folder
+is gone): a trial RUNNING or PENDING there is unfinished (an interrupted sweep reports its stopped
+trials as terminated in memory, but saves them as running), and its MLflow run is marked killed: it
+continues on the next launch. What a sweep has recorded (and so how it resumes) is the MLflow
+record (``orchestrator.core.record``).
 """
 from __future__ import annotations
 
@@ -27,15 +29,17 @@ from orchestrator.core.fmt import num
 from orchestrator.core.record import child_runs, end_run, run_status
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import tracking_uri
+from orchestrator.sweep import history
 from orchestrator.sweep.mlflow_runs import RAY_DONE, RAY_ERROR, close_stale_runs
-from orchestrator.sweep.schema import SweepSpec
 from orchestrator.sweep.view import fmt_time, ray_trials
 
 
-def finish(spec: SweepSpec, cl, exp_id: str, parent: str, grid, *, elapsed: float, metric: str, mode: str,
-           exp_dir: Path, final_status: dict[str, str]) -> dict:
-    """Close stale runs, mark the parent, log and print the best trial, print the table."""
-    ray_status = trial_states(grid, ray_trials(exp_dir), final_status)
+def finish(launch, cl, grid, *, elapsed: float, metric: str, mode: str, final_status: dict[str, str]) -> dict:
+    """Close stale runs, mark the parent, log and print the best trial, print the table
+    (``launch``: the ``orchestrator.sweep.extend.Launch`` that ran, its parent run open)."""
+    spec, exp_id, parent, exp_dir = launch.spec, launch.exp_id, launch.parent, launch.exp_dir
+    done = history.done_trials(child_runs(cl, exp_id, parent))
+    ray_status = history.reconcile(trial_states(grid, ray_trials(exp_dir), final_status), done)
     errors = sum(1 for v in ray_status.values() if v == RAY_ERROR)
     unfinished = sum(1 for v in ray_status.values() if v not in (RAY_ERROR, RAY_DONE))
     unfinished += max(0, spec.n_trials() - len(ray_status))

@@ -1,10 +1,11 @@
-"""A sweep's saved state, ``<results>/ray/<sweep>/lime_sweep.json``: what survives the driver.
-
-Written by the driver when it opens the sweep's MLflow run (name, fingerprint of the trials,
-parent run id, tracking URI, experiment id, file, number of launches) and by
-``orchestrator.sweep.extend`` when the seed axis grows (the seeds in effect, the first launch's
-seeds and fingerprint, and one entry per extension: its seeds and its Ray experiment folder).
-A write keeps the keys it does not name, so neither writer drops the other's.
+"""A sweep's local cache, ``<results>/ray/<sweep>/lime_sweep.json``: what the driver finds without
+asking MLflow. The record (``orchestrator.core.record``) is the store; this file only saves a
+search: the parent run id, the tracking URI and experiment id, the name, the fingerprint of the
+trials in effect and the number of launches (the driver, when it opens the sweep's MLflow run), and
+the seed history (``orchestrator.sweep.extend``: the seeds in effect, the first launch's seeds and
+fingerprint, and one entry per extension: its seeds, a wave's axis and values), which the parent
+run's params also hold (``orchestrator.sweep.history``). Deleted, it is rebuilt from the record on
+the next launch. A write keeps the keys it does not name, so neither writer drops the other's.
 """
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def write_state(exp_dir: Path, state: dict) -> None:
 
 
 def extension_dirs(exp_dir: Path) -> list[Path]:
-    """The Ray experiment folders of the sweep's seed extensions, oldest first."""
-    exts = read_state(exp_dir).get("extensions") or []
-    return [Path(exp_dir) / e["name"] for e in exts if isinstance(e, dict) and isinstance(e.get("name"), str)]
+    """The Ray experiment folders of the sweep's seed extensions (``extend-<k>/``), oldest first:
+    read from the folder itself, so Ray's saved state needs no cache to be found."""
+    found = [p for p in Path(exp_dir).glob("extend-*") if p.is_dir() and p.name[len("extend-"):].isdigit()]
+    return sorted(found, key=lambda p: int(p.name[len("extend-"):]))

@@ -66,8 +66,10 @@ def close_stale_runs(cl, exp_id: str, parent: str, reason: TrialStatus = TrialSt
 
 def parent_run(spec: SweepSpec, cl, exp_id: str, state: dict) -> str:
     """The sweep's parent run: the one of an earlier launch if it still exists (``state``'s, else the
-    record's parent with the sweep's fingerprint: ``lime_sweep.json`` is only a cache), else new."""
-    for rid in (state.get("parent_run_id"), record.find_parent(cl, exp_id, spec.fingerprint())):
+    record's parent with the fingerprint of its first launch: ``lime_sweep.json`` is only a cache), else
+    new."""
+    for rid in (state.get("parent_run_id"), record.find_parent(cl, exp_id, state.get("base_fingerprint")
+                                                                      or spec.fingerprint())):
         if not rid:
             continue
         try:

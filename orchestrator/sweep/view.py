@@ -13,7 +13,7 @@ from lime_arch.size import TRAIN_STATE_BYTES, train_state_bytes
 from orchestrator.core import record
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, tracking_uri
-from orchestrator.sweep import limits
+from orchestrator.sweep import history, limits
 from orchestrator.sweep.local_state import extension_dirs, read_state
 from orchestrator.sweep.preflight import warnings
 from orchestrator.sweep.spec import SweepSpec, estimate, human, vocab_for
@@ -128,23 +128,19 @@ def status_text(name: str) -> str:
     if exp is None and not saved:
         raise ConfigError(f"sweep {name!r}: no MLflow experiment in {uri} and no Ray results in {exp_dir}")
     lines = [f"sweep {name}: MLflow {uri}, Ray results {exp_dir}"]
-    state = read_state(exp_dir)
-    if state.get("extensions"):
-        grown = "; ".join(f"{e['name']}: seeds {', '.join(map(str, e['seeds']))}"
-                          + (f" for {', '.join(map(str, e['values']))}" if e.get("values") is not None else "")
-                          for e in state["extensions"])
-        lines.append(f"seeds in effect: {', '.join(map(str, state.get('seeds', [])))} (grown: {grown})")
     runs = list(cl.search_runs([exp.experiment_id], f"tags.{record.SWEEP} = '{name}'", max_results=5000)) if exp else []
     parents = [r for r in runs if record.role(r.data.tags) == record.PARENT]
     children = [r for r in runs if record.role(r.data.tags) != record.PARENT]
     for p in parents:
         best = record.ParentTags.of(p.data.tags).best.get("best_trial_id")
         lines.append(f"parent run {p.info.run_id}: {p.info.status}" + (f", best {best}" if best else ""))
+        lines += _grown(p)
         lines += [f"  look {k}: {_look(text)}" for k, text in record.decide_waves(p.data.params).items()]
     by: dict[str, list] = {}
     for r in children:
         by.setdefault(str(TrialStatus.of_run(r.data.tags, r.info.status)), []).append(r)
     seen = {r.data.tags.get(record.TRIAL_ID) for r in children}
+    saved = history.reconcile(saved, history.done_trials(children))  # Ray's queue, the record's outcomes
     for tname, st in saved.items():
         if tname not in seen:
             by.setdefault(st.lower(), []).append(tname)
@@ -160,6 +156,18 @@ def status_text(name: str) -> str:
             loss = f"  val loss {v:.4f}" if v is not None else ""
             lines.append(f"  {tid:<40} run {r.info.run_id}  Ray: {saved.get(tid, '-')}{loss}")
     return "\n".join(lines)
+
+
+def _grown(parent) -> list[str]:
+    """A grown sweep's seeds, as its parent run records them (``orchestrator.sweep.history``)."""
+    exts = history.extensions(parent.data.params)
+    if not exts:
+        return []
+    grown = "; ".join(f"{e['name']}: seeds {history.fmt_seeds(e['seeds'])}"
+                      + (f" for {', '.join(map(str, e['values']))}" if e.get("values") is not None else "")
+                      for e in exts)
+    seeds = record.ParentTags.of(parent.data.tags).seeds or ""
+    return [f"  seeds in effect: {seeds} (grown: {grown})"]
 
 
 def _look(text: str) -> str:

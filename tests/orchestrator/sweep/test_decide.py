@@ -55,9 +55,9 @@ class StandIn:
         if self.fail_after is not None and len(self.calls) >= self.fail_after:
             raise KeyboardInterrupt  # the driver killed before this wave starts
         uri = tracking.tracking_uri()
-        exp_dir = experiment_dir(spec.name, results)
-        spec, state, _ = extend.prepare(spec, exp_dir, uri, add_seeds, only)
-        cl, exp_id, parent, _, _ = driver._open_tracking(spec, uri, exp_dir, state)
+        launch = extend.prepare(spec, experiment_dir(spec.name, results), uri, add_seeds, only)
+        cl, _, _ = driver._open_tracking(launch)
+        spec, exp_id, parent = launch.spec, launch.exp_id, launch.parent
         done = {r.data.tags[record.TRIAL_ID] for r in record.child_runs(cl, exp_id, parent)}
         new = [t for t in spec.trials() if t.trial_id not in done]
         self.calls.append([t.trial_id for t in new])
@@ -72,7 +72,7 @@ class StandIn:
                 cl.log_metric(rid, record.TRIAL_WALL, self.wall)
             cl.set_terminated(rid, "FINISHED")
         record.end_run(cl, parent, record.TrialStatus.KILLED if unfinished else record.TrialStatus.FINISHED)
-        return {"ok": not unfinished, "unfinished": unfinished}
+        return {"ok": not unfinished, "unfinished": unfinished, "launch": launch}
 
 
 @pytest.fixture
@@ -102,6 +102,10 @@ def test_waves_until_decided(env, monkeypatch):
     assert [e["values"] for e in state["extensions"]] == [["none", "full", "first-4"]] + [["none", "full"]] * 2
     params = tracking.client().get_run(state["parent_run_id"]).data.params
     assert params["sweep.decide.max_seeds"] == "12" and params["sweep.decide.wave"] == "2"
+    # the record holds the waves as the cache does: their seeds and values, by name
+    assert params["sweep.base_seeds"] == "0, 1, 2, 3, 4, 5"
+    assert [params[f"sweep.seeds.extend-{k}"] for k in (1, 2, 3)] == ["6, 7", "8, 9", "10, 11"]
+    assert json.loads(params["sweep.values.extend-3"]) == {"axis": "router", "values": ["none", "full"]}
     looks = record.decide_waves(params)
     assert list(looks) == [1, 2, 3, 4] and json.loads(looks[2])["verdict"] == {"full": UNDECIDED, "first-4": BETTER}
 

@@ -14,7 +14,7 @@ import yaml
 
 from lime_arch import ConfigError
 from orchestrator.sweep import extend
-from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state
+from orchestrator.sweep.local_state import STATE_FILE, extension_dirs, read_state, write_state
 from orchestrator.sweep.spec import load_spec, parse_spec
 from orchestrator.sweep.view import ray_trials
 from tests.sweeps import sweep_env
@@ -74,7 +74,8 @@ def test_more_seeds_in_the_file_are_one_more_experiment(tmp_path):
 
 def test_add_seeds_appends_after_the_largest_seed_in_effect(tmp_path):
     _launched(tmp_path, _spec([0, 1, 2, 3]))
-    spec, state, line = extend.prepare(_spec([0, 1, 2, 3]), tmp_path, URI, add_seeds=2)
+    launch = extend.prepare(_spec([0, 1, 2, 3]), tmp_path, URI, add_seeds=2)
+    spec, state, line = launch.spec, launch.state, launch.message
     assert spec.grid["seed"] == [0, 1, 2, 3, 4, 5] and state["parent_run_id"] == "p1"
     assert "seeds 4, 5 added" in line and "does not rewrite" in line and STATE_FILE in line
     saved = read_state(tmp_path)
@@ -89,7 +90,7 @@ def test_add_seeds_appends_after_the_largest_seed_in_effect(tmp_path):
     assert [(x.name, x.seeds) for x in p.parts] == [("", [0, 1, 2, 3]), ("extend-1", [4, 5]), ("extend-2", [7, 8])]
     # an unchanged relaunch after the growth: the same experiments, nothing new, nothing rewritten
     before = (tmp_path / STATE_FILE).read_text()
-    spec, _, _ = extend.prepare(_spec([0, 1, 2, 3, 4, 5]), tmp_path, URI)
+    spec = extend.prepare(_spec([0, 1, 2, 3, 4, 5]), tmp_path, URI).spec
     assert spec.grid["seed"] == [0, 1, 2, 3, 4, 5] and (tmp_path / STATE_FILE).read_text() == before
 
 
@@ -258,3 +259,11 @@ def test_the_shipped_default_sweep_plans_as_one_experiment(tmp_path):
     spec = load_spec(ROOT / "sweeps" / "default.yaml")
     p = extend.plan(spec, tmp_path, URI)
     assert len(p.parts) == 1 and p.spec is spec
+
+
+def test_the_extension_folders_are_found_without_the_cache(tmp_path):
+    for name in ("extend-10", "extend-2", "extend-1", "extend-x", "trial"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "extend-3").write_text("")  # a file, not a Ray experiment
+    assert [p.name for p in extension_dirs(tmp_path)] == ["extend-1", "extend-2", "extend-10"]
+    assert not (tmp_path / STATE_FILE).exists()
