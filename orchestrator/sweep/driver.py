@@ -38,7 +38,7 @@ from orchestrator.core.record import end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
 from orchestrator.sweep import connect, evaluate, extend, preflight
-from orchestrator.sweep.console import TrialNamer, launch_note, live_view
+from orchestrator.sweep.console import LOST_RETRIES, LOST_RETRIES_ENV, TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
 from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
 from orchestrator.sweep.mlflow_runs import close_stale_runs, parent_run
@@ -78,6 +78,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
         connect.split_address(address)  # a ray:// or malformed address: one line, before any other output
     else:
         preflight.check_local(spec)  # the CLI checked it before Ray loaded; run_sweep's other callers here
+    lost_retries()  # a bad $LIME_LOST_WORKER_RETRIES: one line, before anything is recorded
     evaluate.preflight(spec)  # the eval: block's tasks and data, before anything is recorded
     spec, state, grown = extend.prepare(spec, exp_dir, uri, add_seeds, only)  # refuses changed trials
     if grown:
@@ -129,6 +130,7 @@ def _run(spec: SweepSpec, uri: str, exp_dir: Path, state: dict, address: str | N
         with connect.output_to(log):
             grid = tuner.fit()
         elapsed = clock.stop()
+        wait_for_senders(cl, exp_id, parent, view.handed_off)
         evaluate.finished_trials(spec, cl, exp_id, parent, exp_dir, uri)  # the eval: block, if any
     except BaseException as e:  # nothing may stay RUNNING: the parent and any started trial
         if fitting:
@@ -236,7 +238,35 @@ def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
     else:
         default_steps = max(spec.trial_config(upper_corner(spec)).train.steps, 1)
     return live_view(total=spec.n_trials(), steps=steps, default_steps=default_steps, metric=metric, mode=mode,
-                     every=every, uri=tracking_uri())
+                     every=every, uri=tracking_uri(), retries=spec.max_failures, lost_retries=lost_retries())
+
+
+def lost_retries() -> int:
+    """``$LIME_LOST_WORKER_RETRIES``: how often a trial whose worker is lost is retried in one launch."""
+    raw = os.environ.get(LOST_RETRIES_ENV, "").strip()
+    if not raw:
+        return LOST_RETRIES
+    if not raw.isdigit():
+        raise ConfigError(f"${LOST_RETRIES_ENV}: must be a whole number >= 0, got {raw!r}")
+    return int(raw)
+
+
+def wait_for_senders(cl, exp_id: str, parent: str, trials: set[str]) -> None:
+    """Trials that ended during an outage left their last metrics and their run's end to a
+    background sender (``orchestrator.core.spool``): the summary waits until their runs have ended
+    (at most ``$LIME_TRACKING_WAIT_S``)."""
+    if not trials:
+        return
+    print(f"waiting for the background senders of {len(trials)} trial(s) that ended during an MLflow outage "
+          f"(at most {outbox.wait_bound():g} s: ${outbox.WAIT_ENV})", flush=True)
+    left, deadline = set(trials), time.monotonic() + outbox.wait_bound()
+    while left and time.monotonic() < deadline:
+        left = {t for t in left if not any(r.info.status != TrialStatus.RUNNING.mlflow
+                                           for r in record.child_runs(cl, exp_id, parent, t))}
+        if left:
+            time.sleep(2.0)
+    if left:
+        print(f"note: the runs of {', '.join(sorted(left))} have not ended yet; their senders keep trying", flush=True)
 
 
 def _tuner(spec: SweepSpec, exp_dir: Path, view, ctx: dict):
@@ -281,7 +311,9 @@ def _new_tuner(spec: SweepSpec, trainable, exp_dir: Path, view):
         space = _search_space(spec, tc)
     run_config = tune.RunConfig(
         name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0, callbacks=[view],
-        failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+        # every failure is retried by Ray; the live view ends a trial whose own errors exceed
+        # spec.max_failures (a lost worker or node spends none of them: orchestrator.sweep.console)
+        failure_config=tune.FailureConfig(max_failures=-1),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
     return tune.Tuner(trainable, param_space=space, tune_config=tune.TuneConfig(**tc), run_config=run_config)
 
