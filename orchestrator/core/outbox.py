@@ -344,7 +344,8 @@ class Outbox:
                         time.sleep(0.05)
                 continue
             with self.cond:
-                kept = len(self.queue)  # what waited for the server, this batch included
+                # the metrics that waited for the server, this batch's included (counted when an outage ends)
+                kept = sum(not getattr(x, "is_op", False) for x in self.queue) if self.health.since is not None else 0
                 for _ in batch:
                     self.queue.popleft()
                 self.busy = False

@@ -21,6 +21,9 @@ import sys
 import time
 from pathlib import Path
 
+from orchestrator.core.outbox import TrackingUnavailable, wait_bound
+from orchestrator.core.tracking import RunLogger
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -47,15 +50,13 @@ def launch(path: Path) -> None:
 
 def send(path: Path) -> int:
     """Send a spool file (0: everything sent, the file removed; 1: the server stayed away)."""
-    from orchestrator.core.outbox import TrackingUnavailable, wait_bound
-    from orchestrator.core.tracking import RunLogger
-
     state = pickle.loads(path.read_bytes())
     logger = RunLogger.of_spool(state)
     print(f"sending {len(state['items'])} metrics and calls to MLflow at {state['uri']}", flush=True)
     try:
         logger.outbox.close(wait_bound())
     except TrackingUnavailable as e:
+        logger.outbox.detach()  # its thread ends; the file keeps everything
         print(f"{e}; {path} is kept: `python -m orchestrator.core.spool {path}` sends it", flush=True)
         return 1
     folders = {Path(op.args[0]).parents[1] for op in state["items"] if getattr(op, "name", "") == "artifact"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import json
 import logging
 import os
@@ -330,7 +331,7 @@ class RunLogger:
     def hand_off(self) -> Path:
         """What is not sent yet, to a background sender that outlives this process (the spool
         folder holds it; ``orchestrator.core.spool``); said in one line."""
-        from orchestrator.core import spool
+        spool = importlib.import_module("orchestrator.core.spool")  # by name: the spool's sender uses this module
 
         items = self.outbox.detach()
         path = spool.write(self.spool, {"uri": self.uri, "run_id": self.run_id, "items": items})

@@ -128,7 +128,9 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
         if run is not None and _report_finished(cl, run, {**base, "start_step": 0, "step": cfg.train.steps},
                                                 ctx["metric"], tune):
             return  # nothing ran: no wall time to add
-        if resume and run is None and answered:  # the record is the truth: nothing recorded, nothing to continue
+        if resume and run is None and answered and ck_state.get("run_id"):
+            # the record is the truth: the run the checkpoint names is not in it, nothing to continue
+            # (a checkpoint that names none was trained while the server was away: its run is created now)
             print("the checkpoint's trial has no MLflow run in the sweep's record: starting over", flush=True)
             resume, ck_state, ck_src = None, None, None
         # without the server: the checkpoint's run, if it names one; else the late opening reads the record
