@@ -108,8 +108,8 @@ class Health:
     """What this process knows about its tracking server; lines go to ``say`` (stdout: the console
     of ``lime train``, a sweep trial's ``trial.log``)."""
 
-    def __init__(self, uri: str = "", say: Callable[[str], None] | None = None):
-        self.uri, self.say = uri, say or (lambda line: print(line, flush=True))
+    def __init__(self, uri: str = "", say: Callable[[str], None] | None = None, who: str = "the trial"):
+        self.uri, self.say, self.who = uri, say or (lambda line: print(line, flush=True)), who
         self.lock = threading.Lock()
         self.since: float | None = None  # monotonic start of the current outage
         self.buffered = 0  # metrics waiting to be sent
@@ -131,7 +131,7 @@ class Health:
             say_wait = waiting and not self.said_wait
             self.said_wait = self.said_wait or waiting
         if say_wait:
-            self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); the trial waits for it, at most "
+            self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); {self.who} waits for it, at most "
                      f"{wait:g} s (${WAIT_ENV}), and goes on when it answers")
         elif first:
             self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); training continues, metrics are "

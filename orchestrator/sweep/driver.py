@@ -150,7 +150,8 @@ def _open_tracking(spec: SweepSpec, uri: str, exp_dir: Path, state: dict
     """The MLflow client, experiment, parent run, the number of stale runs closed and the parent's
     state before this launch reopened it (None: a new parent); saves the sweep's state."""
     init_store(uri)
-    cl = outbox.PatientClient(client(uri))  # a server away at the end of a sweep is waited for, not a traceback
+    # a server away at the end of a sweep is waited for, not a traceback; said as the driver's wait
+    cl = outbox.PatientClient(client(uri), outbox.Health(uri, who="the sweep's driver"))
     exp_id = experiment_id(spec.name, cl)
     before = _status_of(cl, state.get("parent_run_id"))
     parent = parent_run(spec, cl, exp_id, state)

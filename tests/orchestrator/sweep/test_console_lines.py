@@ -1,8 +1,9 @@
 """What the driver's console says about a trial's attempts and its tracking server (issues 30, 39),
 from the results a trial reports: where a retried or resumed attempt continues, as the attempt
 itself says, whether a retry was spent (only a trial's own errors spend one; a lost worker is
-retried in the same launch), and when its MLflow server went away and came back. Ray's callbacks are called on
-stand-in trials (the methods are plain Python; ``live_view`` only adds Ray's base class)."""
+retried in the same launch), and when its MLflow server went away and came back. Ray's callbacks
+are called on stand-in trials (the methods are plain Python; ``live_view`` only adds Ray's base
+class)."""
 from __future__ import annotations
 
 import types
