@@ -134,7 +134,7 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
             print("the checkpoint's trial has no MLflow run in the sweep's record: starting over", flush=True)
             resume, ck_state, ck_src = None, None, None
         # without the server: the checkpoint's run, if it names one; else the late opening reads the record
-        run_id = (run.info.run_id if answered else ck_state.get("run_id")) if resume else None
+        run_id = (run.info.run_id if run is not None else ck_state.get("run_id")) if resume else None
         step = start = int(ck_state["step"]) if resume else 0
         base["start_step"] = start
         if run_id is None and answered:  # a fresh start: a run left by an attempt that never checkpointed
@@ -170,8 +170,11 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
                             on_log=reporter(base, latest, ctx["metric"], work, tune))
         except SystemExit:  # Ray stopped the trial (scheduler, or the sweep was interrupted)
             print("stopped by Ray", flush=True)
-            for run in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id) if exp_id else []:
-                end_run(cl, run.info.run_id, TrialStatus.STOPPED)
+            try:
+                for run in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id) if exp_id else []:
+                    end_run(cl, run.info.run_id, TrialStatus.STOPPED)
+            except Exception as e:  # noqa: BLE001 - the server is away: the driver closes what stays RUNNING
+                print(f"note: the run's stop was not recorded ({type(e).__name__})", flush=True)
             raise
         finally:
             run_id, step = hook.run_id or run_id, max(step, hook.step)
