@@ -91,6 +91,9 @@ class LiveView:
         # an MLflow server: watched from the driver too (``core.watch.ServerWatch``), so an outage is said
         # within seconds even while no trial reports (trials waiting to create their runs)
         self.watch = ServerWatch(uri) if uri.startswith(("http://", "https://")) else None
+        # trials that ended during an outage, their runs sent by a background sender: over every Ray
+        # experiment this view watches (a grown sweep's), which the driver waits for before its summary
+        self.handed_off: set[str] = set()
         self.setup()
 
     def setup(self, **info) -> None:  # also called by Ray at the start of every (resumed) run
@@ -109,7 +112,6 @@ class LiveView:
         self.own: dict[str, int] = {}  # trial -> attempts that failed on an error of their own (this launch)
         self.lost: dict[str, int] = {}  # trial -> attempts whose worker or node was lost (this launch)
         self.failing: dict[str, str] = {}  # trial -> its running attempt's own error, reported before it raises
-        self.handed_off: set[str] = set()  # trials that ended during an outage: a background sender sends
 
     # -- helpers -----------------------------------------------------------------------------------
     def _say(self, msg: str) -> None:
