@@ -242,7 +242,9 @@ class LiveView:
             if better:
                 self.best = (v, n)
         val = f"{self.metric} {v:.4g}" if isinstance(v, (int, float)) else f"{self.metric} -"
-        self._say(f"done   {n}: {status}, {val}, MLflow run {r.get('run_id', '?')}")
+        rid = r.get("run_id") or ("not created yet: a background sender creates it when the server answers"
+                                  if r.get(HANDED_OFF) else "?")
+        self._say(f"done   {n}: {status}, {val}, MLflow run {rid}")
         self._status(trials, force=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):

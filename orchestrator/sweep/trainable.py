@@ -178,7 +178,8 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
             raise
         finally:
             run_id, step = hook.run_id or run_id, max(step, hook.step)
-        print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run {res.run_id}",
+        print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run "
+              f"{res.run_id or 'not created yet (the server is away)'}",
               flush=True)
         tune.report({**base, "step": res.step, "status": str(res.status), "run_id": res.run_id or "", **latest,
                      **health.report(), "objective": objective(latest, ctx["metric"])})
