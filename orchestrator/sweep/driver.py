@@ -195,7 +195,7 @@ class WallClock:
 
     def _beat(self) -> None:
         while not self.done.wait(WALL_BEAT_S):
-            self.write(time.monotonic() - self.t0)
+            self.write(time.monotonic() - self.t0, beat=True)
 
     def stop(self) -> float:
         """This launch's seconds, written (the beats end first); a second call changes nothing."""
@@ -208,16 +208,20 @@ class WallClock:
         self.write(elapsed)
         return elapsed
 
-    def write(self, elapsed: float) -> None:
+    def write(self, elapsed: float, beat: bool = False) -> None:
+        """A beat does not wait for an absent server (the next beat writes it; the console's watch
+        says the outage); the last write does (``PatientClient``)."""
         try:
             import ray
 
             cluster = ray.cluster_resources() if ray.is_initialized() else {}
             slots = concurrent_slots(self.spec, cluster, self.spec.n_trials())
+            cl = getattr(self.cl, "_cl", self.cl) if beat else self.cl  # a PatientClient's own client: no wait
             record.ParentTags(wall_s=self.prior + elapsed, slots=slots, ray_start_s=self.ray_start_s,
-                              launches=self.launch).write(self.cl, self.parent)
+                              launches=self.launch).write(cl, self.parent)
         except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
-            log.warning("sweep wall time not logged: %s", e)
+            if not (beat and outbox.is_outage(e)):
+                log.warning("sweep wall time not logged: %s", e)
 
 
 def _status_of(cl, run_id: str | None) -> TrialStatus | None:
