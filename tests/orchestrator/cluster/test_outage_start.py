@@ -96,8 +96,12 @@ def test_trials_that_start_during_an_outage_train_free_their_slots_and_are_recor
                           r"sends them in order when the server answers \(at most 300 s: \$LIME_TRACKING_WAIT_S\)\n",
                           log)
             assert m and int(m.group(1)) > 0, log[-3000:]
-            sender_log = Path(m.group(2) + ".log").read_text()
-            assert "everything sent; MLflow run " in sender_log and not Path(m.group(2)).exists(), sender_log
+            sender = Path(m.group(2) + ".log")
+            end = time.time() + 30  # the driver saw the run end: the sender's last line follows it
+            while time.time() < end and "everything sent; MLflow run " not in sender.read_text():
+                time.sleep(0.2)
+            assert "everything sent; MLflow run " in sender.read_text() and not Path(m.group(2)).exists(), \
+                sender.read_text()
         # the second trial started in the slot the first freed, during the outage
         assert out.index(f"start  {TRIALS[1]}") < out.index(f"MLflow at {uri} answers again after "), out[-3000:]
         assert "waiting for the background senders of 2 trial(s) that ended during an MLflow outage" in out
