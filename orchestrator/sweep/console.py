@@ -18,12 +18,12 @@ from orchestrator.core.outbox import BUFFERED, HANDED_OFF, LAST_KEPT, LAST_OUTAG
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.watch import ServerWatch
 from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, OWN_ERROR, RAY_DONE, RAY_ERROR, RESUMED
+from orchestrator.sweep.spec import SweepSpec, trial_dirname
+from orchestrator.sweep.view import fmt_time as _fmt_time
 
 # a trial whose worker (process or node) is lost is retried without spending its retries, this
 # many times at most in one launch: a trial that kills its own process each time still ends
 LOST_RETRIES_ENV, LOST_RETRIES = "LIME_LOST_WORKER_RETRIES", 10
-from orchestrator.sweep.spec import SweepSpec, trial_dirname
-from orchestrator.sweep.view import fmt_time as _fmt_time
 
 
 class TrialNamer:
@@ -81,7 +81,13 @@ class LiveView:
 
     Ray calls ``on_trial_complete`` and ``on_trial_error`` before it changes the trial's status,
     so the view keeps its own record of the trials that ended: the counts printed with a "done"
-    line include that trial. The ETA (``Eta``) comes from measured step rates only."""
+    line include that trial. The ETA (``Eta``) comes from measured step rates only.
+
+    Retries: Ray retries every failure (``FailureConfig(max_failures=-1)``) unless the view has set
+    the trial's ``max_failures`` to 0 before it: an attempt that fails on its own error reports it
+    first (``OWN_ERROR``), and only those spend the sweep's ``max_failures`` (``retries``); a failure
+    with no such report is a lost worker or node, retried in the same launch up to ``lost_retries``
+    times (``$LIME_LOST_WORKER_RETRIES``)."""
 
     def __init__(self, *, total: int, steps: dict[str, int], default_steps: int, metric: str, mode: str,
                  every: float = 15.0, uri: str = "", retries: int = 2, lost_retries: int = LOST_RETRIES):
@@ -89,7 +95,7 @@ class LiveView:
         self.metric, self.mode, self.every = metric, mode, every
         self.retries, self.lost_retries = retries, lost_retries  # a trial's own errors, its lost workers
         # an MLflow server: watched from the driver too (``core.watch.ServerWatch``), so an outage is said
-        # within seconds even while no trial reports (trials waiting to create their runs)
+        # within seconds even while no trial reports (a starting trial reports at its first log point)
         self.watch = ServerWatch(uri) if uri.startswith(("http://", "https://")) else None
         # trials that ended during an outage, their runs sent by a background sender: over every Ray
         # experiment this view watches (a grown sweep's), which the driver waits for before its summary
