@@ -10,6 +10,7 @@ import time
 import types
 from pathlib import Path
 
+import mlflow.entities  # noqa: F401 - imported before a test times the trial's calls (the logger imports it lazily)
 import pytest
 
 from orchestrator.core import outbox, spool, tracking
