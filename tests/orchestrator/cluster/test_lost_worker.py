@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[3]
 LIME = str(Path(sys.executable).parent / "lime")
-STEPS, LOG, CKPT = 1500, 10, 100
+STEPS, LOG, CKPT = 600, 10, 100
 TRIAL = "seed=1"
 
 
