@@ -156,7 +156,8 @@ class Health:
             self.outages.append(lasted)
             self.flushed += kept
             self.last_kept = kept
-        self.say(f"MLflow at {self.uri} back after {lasted:.0f} s; sending the {kept} metrics kept meanwhile, in order")
+        sending = f"; sending the {kept} metrics kept meanwhile, in order" if kept else ""
+        self.say(f"MLflow at {self.uri} back after {lasted:.0f} s{sending}")
 
     def outage_s(self) -> float:
         with self.lock:

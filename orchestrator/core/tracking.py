@@ -33,6 +33,9 @@ from orchestrator.core.status import TrialStatus
 
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+# urllib3 warns of every retried connection ("Retrying (Retry(total=0, ...))"), a line per call
+# while the server is away; the outbox says the outage once, and its end (orchestrator.core.outbox)
+logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 # MLflow prints "View run ... at" / "View experiment at" (with emoji) whenever a run on a server
 # ends: once per trial in a sweep, and to the experiment's GenAI overview. The CLI prints its own
 # links to the runs view (orchestrator.core.dashboard).
