@@ -179,6 +179,7 @@ class MLflowHook(Hook):
         try:
             self.logger.end(status, wait=wait)
         except TrackingUnavailable as e:
+            self.logger.outbox.detach()  # its sender stops: what is left is in the checkpoint's history
             print(f"note: the run's end was not recorded: {e}", flush=True)
 
 

@@ -165,6 +165,7 @@ def test_a_trial_that_ends_during_an_outage_fails_with_one_line_and_its_resume_l
         state = torch.load(ck / "checkpoint.pt", weights_only=True)
         assert state["step"] == 60 and state["history"][-1].get("final/val_loss") is not None  # intact, final
         servers[0] = _server(tmp_path, port, 2)
+        monkeypatch.setenv("LIME_TRACKING_WAIT_S", "120")  # the resume sends everything, at a busy server's pace
         res = run_trial(TrialConfig.from_dict(cfg), tracking=Tracking(experiment="ends-away"), resume=ck)
         cl = _client(uri)
         run = cl.get_run(res.run_id)
