@@ -1,29 +1,24 @@
 """Tracking through an outage of the MLflow server (torch-free).
 
 Without this, a trial logs to MLflow in its training loop: when the server is away, MLflow's
-client retries one call for about four minutes, then raises, and the trial fails (a retry of its
-budget spent, often restarted from step 0), with nothing on the console. Here:
+client retries one call for about four minutes, then raises, and the trial fails. Here:
 
-- **Metrics never wait for the server.** A ``RunLogger`` hands every metric to an ``Outbox``: a
-  background thread sends them in batches, in the order they were logged. While the server is
-  away it keeps them (at most ``$LIME_TRACKING_BUFFER`` values, default 200,000, ~40 MB; when
-  full, training waits, with a line, rather than dropping any) and retries every few seconds;
-  when the server answers again it sends the kept ones first, oldest first. Each batch keeps the
-  timestamps it was logged with, so a batch sent twice (an answer lost in the outage) stores
-  nothing twice.
-- **Calls that must reach the server** (creating the run, params, tags, artifacts, the final
-  status) retry for up to ``$LIME_TRACKING_WAIT_S`` seconds (default 1800), and so does the
-  final flush at a trial's end. A trial whose server stays away longer fails with one line
-  (``TrackingUnavailable``) after its last checkpoint is written: its metrics are in the
-  checkpoint's history, and the next attempt sends what the server lacks
-  (``orchestrator.engine.hooks.MLflowHook``).
+- **Nothing waits for the server.** A ``RunLogger`` hands every metric, and every call that must
+  reach the server (creating the run, params, tags, artifacts, its end: an ``Op``), to an
+  ``Outbox``: a background thread sends them in the order they were made (metrics in batches).
+  While the server is away it keeps them (at most ``$LIME_TRACKING_BUFFER`` values, default
+  200,000; when full, training waits, with a line, rather than dropping any) and retries every
+  few seconds. A trial that starts during an outage trains at once: its run is created when the
+  server answers. Each batch keeps its timestamps, so a batch sent twice stores nothing twice.
+- **Waits are bounded.** Where a trial must wait (``patient``; the final flush of ``lime train``)
+  it waits at most ``$LIME_TRACKING_WAIT_S`` (default 1800), then fails with one line
+  (``TrackingUnavailable``) after its last checkpoint is written. A sweep trial that ends during
+  an outage does not wait: it hands what is left to a background sender (``orchestrator.core.spool``)
+  and frees its slot.
 - **One call's retry window** is ``$LIME_TRACKING_RETRY_S`` seconds (default 30): MLflow's own HTTP
-  retries are set from it (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` and ``..._BACKOFF_FACTOR``, unless
-  set), so an outage is noticed within it.
-- **Outages are said.** ``Health`` holds the process's view of its server: when an outage began,
-  how many metrics wait, how many were sent after one; it prints a line when an outage begins and
-  when it ends (with its duration), and a sweep's trial reports it to the driver, whose console
-  says it too (``orchestrator.sweep.console``).
+  retries are set from it, so an outage is noticed within it.
+- **Outages are said.** ``Health`` holds the process's view of its server; it prints a line when
+  an outage begins and ends, and a sweep's trial reports it to the driver's console.
 
 Only connection failures, timeouts and 5xx answers are outages (``is_outage``); any other error
 (a rejected value) is raised as before.
@@ -46,9 +41,9 @@ WAIT_ENV, DEFAULT_WAIT_S = "LIME_TRACKING_WAIT_S", 1800.0
 BUFFER_ENV, DEFAULT_BUFFER = "LIME_TRACKING_BUFFER", 200_000
 BATCH = 1000  # metrics per request (MLflow's log_batch takes at most 1000)
 # what a sweep trial reports to the driver about its server, with every result
-OUTAGE_S, BUFFERED, FLUSHED, OUTAGES, LAST_OUTAGE_S, LAST_KEPT = (
+OUTAGE_S, BUFFERED, FLUSHED, OUTAGES, LAST_OUTAGE_S, LAST_KEPT, HANDED_OFF = (
     "mlflow_outage_s", "mlflow_buffered", "mlflow_flushed", "mlflow_outages", "mlflow_last_outage_s",
-    "mlflow_last_kept")
+    "mlflow_last_kept", "mlflow_handed_off")
 OUTAGE_WORDS = ("Max retries exceeded", "failed with exception", "Connection refused", "Connection aborted",
                 "Connection reset", "Read timed out", "RemoteDisconnected", "Temporary failure in name resolution")
 SERVER_ERROR = re.compile(r"error code 5\d\d|\b50[0234]\b.*(Server Error|Gateway|Unavailable)")
@@ -113,8 +108,8 @@ class Health:
     """What this process knows about its tracking server; lines go to ``say`` (stdout: the console
     of ``lime train``, a sweep trial's ``trial.log``)."""
 
-    def __init__(self, uri: str = "", say: Callable[[str], None] | None = None):
-        self.uri, self.say = uri, say or (lambda line: print(line, flush=True))
+    def __init__(self, uri: str = "", say: Callable[[str], None] | None = None, who: str = "the trial"):
+        self.uri, self.say, self.who = uri, say or (lambda line: print(line, flush=True)), who
         self.lock = threading.Lock()
         self.since: float | None = None  # monotonic start of the current outage
         self.buffered = 0  # metrics waiting to be sent
@@ -122,6 +117,7 @@ class Health:
         self.outages: list[float] = []  # durations of the outages that ended
         self.last_kept = 0  # the metrics that waited for the server in the last outage
         self.said_wait = False  # this outage's line said that the trial waits
+        self.handed_off = ""  # the spool file a background sender sends (the trial ended during an outage)
 
     def down(self, exc: BaseException, started: float, what: str, wait: float | None = None) -> None:
         """An outage seen by a call; ``wait``: the caller waits for the server at most this long
@@ -135,12 +131,21 @@ class Health:
             say_wait = waiting and not self.said_wait
             self.said_wait = self.said_wait or waiting
         if say_wait:
-            self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); the trial waits for it, at most "
+            self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); {self.who} waits for it, at most "
                      f"{wait:g} s (${WAIT_ENV}), and goes on when it answers")
         elif first:
             self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); training continues, metrics are "
                      f"kept and sent when it answers (waiting at most {wait_bound():g} s where a trial must: "
                      f"${WAIT_ENV})")
+
+    def starts_without(self, exc: BaseException, started: float, what: str) -> None:
+        """An outage seen before the trial's run exists: the trial trains anyway, and its run is
+        created when the server answers (``orchestrator.core.tracking.RunLogger``)."""
+        with self.lock:
+            if self.since is None:
+                self.since = started
+        self.say(f"MLflow at {self.uri} unreachable ({what}: {error_line(exc)}); the trial starts training "
+                 "without it: its run is created when the server answers, and everything is sent then, in order")
 
     def up(self, kept: int = 0) -> None:
         """The server answered: ends an outage (``kept``: the metrics that waited for it, sent now in order)."""
@@ -151,7 +156,8 @@ class Health:
             self.outages.append(lasted)
             self.flushed += kept
             self.last_kept = kept
-        self.say(f"MLflow at {self.uri} back after {lasted:.0f} s; sending the {kept} metrics kept meanwhile, in order")
+        sending = f"; sending the {kept} metrics kept meanwhile, in order" if kept else ""
+        self.say(f"MLflow at {self.uri} back after {lasted:.0f} s{sending}")
 
     def outage_s(self) -> float:
         with self.lock:
@@ -163,7 +169,8 @@ class Health:
             last = self.outages[-1] if self.outages else 0.0
             n = len(self.outages)
         return {OUTAGE_S: round(self.outage_s(), 1), BUFFERED: float(self.buffered), FLUSHED: float(self.flushed),
-                OUTAGES: float(n), LAST_OUTAGE_S: round(last, 1), LAST_KEPT: float(self.last_kept)}
+                OUTAGES: float(n), LAST_OUTAGE_S: round(last, 1), LAST_KEPT: float(self.last_kept),
+                HANDED_OFF: float(bool(self.handed_off))}
 
 
 _HEALTH = Health()
@@ -178,6 +185,37 @@ def reset_health() -> Health:
     global _HEALTH
     _HEALTH = Health()
     return _HEALTH
+
+
+def try_once(fn: Callable[[], Any], what: str, h: Health | None = None) -> tuple[bool, Any]:
+    """``(True, fn())``, or ``(False, None)`` when the server is away (one call's retry window:
+    ``$LIME_TRACKING_RETRY_S``; said as a start without the server). Other errors are raised."""
+    h = h or health()
+    t0 = time.monotonic()
+    try:
+        out = fn()
+    except Exception as e:  # noqa: BLE001 - only outages are tolerated
+        if not is_outage(e):
+            raise
+        h.starts_without(e, t0, what)
+        return False, None
+    h.up(h.buffered)
+    return True, out
+
+
+class Op:
+    """A call that must reach the server (create the run, params, tags, an artifact, its end),
+    queued in the outbox between the metrics, so everything reaches the server in the order the
+    trial made it; picklable (a finished trial hands what is left to a background sender:
+    ``orchestrator.core.spool``). ``name``: the ``RunLogger`` method ``_do_<name>`` that runs it."""
+
+    is_op = True
+
+    def __init__(self, name: str, *args: Any, what: str = ""):
+        self.name, self.args, self.what = name, args, what or name
+
+    def __repr__(self) -> str:
+        return f"Op({self.name})"
 
 
 def patient(fn: Callable[[], Any], what: str, h: Health | None = None, wait: float | None = None) -> Any:
@@ -216,6 +254,7 @@ class Outbox:
         self.busy = False  # a batch is being sent
         self.error: BaseException | None = None  # a failure that is no outage: raised in the caller
         self.closed = False
+        self.detached = False  # the sender thread stops after its call in flight (``detach``)
         self.thread = threading.Thread(target=self._run, name="lime-mlflow-outbox", daemon=True)
         self.thread.start()
 
@@ -260,6 +299,20 @@ class Outbox:
         # trials (a reused Ray worker) keeps none of them
         self.thread.join(5.0)
 
+    def detach(self) -> list:
+        """Stop the sender thread (after the call it has in flight, at most one call's retry window)
+        and take what it has not sent, in order: a finished trial hands it to a background sender
+        (``orchestrator.core.spool``) instead of holding its slot until the server answers."""
+        with self.cond:
+            self.detached = self.closed = True
+            self.cond.notify_all()
+        self.thread.join(retry_window() + 30.0)
+        with self.cond:
+            left = list(self.queue)
+            self.queue.clear()
+            self.health.buffered = 0
+        return left
+
     def _raise(self) -> None:
         if self.error is not None:
             err, self.error = self.error, None
@@ -270,9 +323,9 @@ class Outbox:
             with self.cond:
                 while not self.queue and not self.closed:
                     self.cond.wait()
-                if not self.queue:
+                if not self.queue or self.detached:
                     return
-                batch = [self.queue[i] for i in range(min(BATCH, len(self.queue)))]
+                batch = _next_batch(self.queue)
                 self.busy = True
             t0 = time.monotonic()
             try:
@@ -286,17 +339,36 @@ class Outbox:
                         self.health.buffered = 0
                     self.cond.notify_all()
                 if is_outage(e):
-                    self.health.down(e, t0, "sending metrics")
-                    time.sleep(min(5.0, retry_window()))  # then the same batch again: the order holds
+                    self.health.down(e, t0, _what(batch))
+                    end = time.monotonic() + min(5.0, retry_window())
+                    while not self.detached and time.monotonic() < end:  # then the same batch again
+                        time.sleep(0.05)
                 continue
             with self.cond:
-                kept = len(self.queue)  # what waited for the server, this batch included
+                # the metrics that waited for the server, this batch's included (counted when an outage ends)
+                kept = sum(not getattr(x, "is_op", False) for x in self.queue) if self.health.since is not None else 0
                 for _ in batch:
                     self.queue.popleft()
                 self.busy = False
                 self.health.buffered = len(self.queue)
                 self.cond.notify_all()
             self.health.up(kept)
+
+
+def _next_batch(queue: collections.deque) -> list:
+    """The queue's head: one op alone, or the metrics before the next op (at most ``BATCH``)."""
+    if getattr(queue[0], "is_op", False):
+        return [queue[0]]
+    batch = []
+    for item in queue:
+        if getattr(item, "is_op", False) or len(batch) == BATCH:
+            break
+        batch.append(item)
+    return batch
+
+
+def _what(batch: list) -> str:
+    return batch[0].what if getattr(batch[0], "is_op", False) else "sending metrics"
 
 
 class PatientClient:

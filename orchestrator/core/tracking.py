@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import importlib
 import json
 import logging
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +28,14 @@ from urllib.parse import urlparse
 from lime_arch.errors import ConfigError
 from orchestrator.core import exposure, outbox
 from orchestrator.core.dashboard import EXPERIMENT_TAGS
-from orchestrator.core.record import PARENT_RUN, end_run
+from orchestrator.core.record import PARENT_RUN, child_runs, end_run, run_status
 from orchestrator.core.status import TrialStatus
 
 for _name in ("alembic", "mlflow.store.db.utils", "mlflow.tracking.fluent"):
     logging.getLogger(_name).setLevel(logging.WARNING)
+# urllib3 warns of every retried connection ("Retrying (Retry(total=0, ...))"), a line per call
+# while the server is away; the outbox says the outage once, and its end (orchestrator.core.outbox)
+logging.getLogger("urllib3.connectionpool").setLevel(logging.ERROR)
 # MLflow prints "View run ... at" / "View experiment at" (with emoji) whenever a run on a server
 # ends: once per trial in a sweep, and to the experiment's GenAI overview. The CLI prints its own
 # links to the runs view (orchestrator.core.dashboard).
@@ -167,58 +173,101 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
 class RunLogger:
     """One MLflow run: created, or continued when ``run_id`` is given (retries, resumes).
 
-    Metrics go through an ``Outbox`` (``orchestrator.core.outbox``): sent in the background, in
-    order, kept while the server is away; the calls that must reach the server wait for it (at
-    most ``$LIME_TRACKING_WAIT_S``). No step of a key is stored twice: a continued run skips the
-    steps its server has (a re-attempt recomputes, or replays from its checkpoint, steps an
-    earlier attempt may have sent), and every run skips a step it sent already."""
+    Metrics and the calls that must reach the server (params, tags, artifacts, the end) go
+    through an ``Outbox`` (``orchestrator.core.outbox``) as one ordered queue, sent in the
+    background and kept while the server is away. The run is opened at once when the server
+    answers; when it does not (one call's retry window, or an outage seen already), opening is the
+    queue's first entry and the trial trains meanwhile (``run_id`` is None until then). ``trial``
+    (a sweep trial's id, with ``parent_run_id``): such a late opening looks the trial up in the
+    sweep's record first, as the sweep's trial does when its server answers
+    (``orchestrator.sweep.trainable``): a finished run, or with ``resumed`` any run of the
+    trial, is continued; runs of attempts that left no checkpoint are deleted. ``spool``: a
+    folder; ``end`` then waits for the server at most one call's retry window and hands what is
+    left to a background sender (``orchestrator.core.spool``), so a finished sweep trial frees
+    its slot. No step of a key is stored twice: a continued run skips the steps its server has,
+    and every run skips a step it sent already."""
 
     def __init__(self, experiment: str, *, run_id: str | None = None, run_name: str | None = None,
-                 tags: dict[str, Any] | None = None, parent_run_id: str | None = None, uri: str | None = None):
+                 tags: dict[str, Any] | None = None, parent_run_id: str | None = None, uri: str | None = None,
+                 trial: str | None = None, resumed: bool = False, spool: str | Path | None = None):
         outbox.apply_retry_window()
         self.uri = uri or tracking_uri()
         self.health = outbox.health()
         self.health.uri = self.uri
         self.client = client(self.uri)
-        self._resumed = run_id is not None
+        self.spool = Path(spool) if spool else None
+        self.run_id: str | None = None
+        self._resumed = False
         self._logged: dict[str, int] = {}  # the last step stored, per key
-        if run_id is not None:
-            self.run_id = run_id
-            self._patient(lambda: self.client.update_run(run_id, status="RUNNING"), "reopening the run")
-        else:
-            t = {k: str(v) for k, v in (tags or {}).items()}
-            if parent_run_id:
-                t[PARENT_RUN] = parent_run_id
-            run = self._patient(lambda: self.client.create_run(experiment_id(experiment, self.client),
-                                                               run_name=run_name, tags=t), "creating the run")
-            self.run_id = run.info.run_id
+        self._files: Path | None = None  # copies of the queued artifacts
+        t = {k: str(v) for k, v in (tags or {}).items()}
+        if parent_run_id:
+            t[PARENT_RUN] = parent_run_id
+        what = "reopening the run" if run_id else "creating the run"
+        op = outbox.Op("open", experiment, run_name, t, parent_run_id, run_id, trial, resumed, what=what)
+        opened = False
+        if self.health.since is None:  # else the server is known to be away: no call's retry window spent
+            opened, _ = outbox.try_once(lambda: self._do_open(*op.args), what, self.health)
         self.outbox = outbox.Outbox(self._send, self.health)
+        if not opened:
+            self.outbox.put([op])
 
-    def _patient(self, fn, what: str, wait: float | None = None):
-        return outbox.patient(fn, what, self.health, wait)
+    @classmethod
+    def of_spool(cls, state: dict) -> RunLogger:
+        """A logger that sends what a finished trial handed over (``orchestrator.core.spool``)."""
+        self = cls.__new__(cls)
+        self.uri, self.health = state["uri"], outbox.health()
+        self.health.uri = self.uri
+        self.client, self.spool, self._files = client(self.uri), None, None
+        # a batch in flight when the trial handed over may have been stored: read what the server has
+        self.run_id, self._resumed, self._logged = state["run_id"], True, {}
+        self.outbox = outbox.Outbox(self._send, self.health)
+        self.outbox.put(list(state["items"]))
+        return self
 
-    def set_tags(self, tags: dict[str, Any]) -> None:
-        for k, v in tags.items():
-            self._patient(lambda k=k, v=v: self.client.set_tag(self.run_id, k, str(v)), "setting a tag")
+    # -- the calls, in the outbox's thread ----------------------------------------------------------
+    def _do_open(self, experiment, run_name, tags, parent, run_id, trial, resumed) -> None:
+        if run_id is None and trial and parent:
+            runs = child_runs(self.client, experiment_id(experiment, self.client), parent, trial)
+            done = [r for r in runs if run_status(r) is TrialStatus.FINISHED]
+            keep = done or (runs if resumed else [])
+            if keep:
+                run_id = max(keep, key=lambda r: (r.info.start_time or 0, r.info.run_id)).info.run_id
+                print(f"MLflow: continuing the trial's run {run_id} of the sweep's record", flush=True)
+            for r in [] if keep else runs:
+                print(f"deleting MLflow run {r.info.run_id} of an attempt without a checkpoint", flush=True)
+                self.client.delete_run(r.info.run_id)
+        if run_id is not None:
+            self.client.update_run(run_id, status="RUNNING")
+            self.run_id, self._resumed = run_id, True
+        else:
+            run = self.client.create_run(experiment_id(experiment, self.client), run_name=run_name, tags=tags)
+            self.run_id = run.info.run_id
 
-    def log_params(self, params: dict[str, Any]) -> None:
+    def _do_params(self, params: dict[str, str]) -> None:
         from mlflow.entities import Param
 
-        existing = self._patient(lambda: self.client.get_run(self.run_id), "reading the run").data.params
-        items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items() if k not in existing]
+        existing = self.client.get_run(self.run_id).data.params
+        items = [Param(k, v) for k, v in params.items() if k not in existing]
         for i in range(0, len(items), 100):
-            self._patient(lambda i=i: self.client.log_batch(self.run_id, params=items[i:i + 100]), "logging params")
+            self.client.log_batch(self.run_id, params=items[i:i + 100])
 
-    def log_metrics(self, metrics: dict[str, float], step: int, flush: bool = False) -> None:
-        """Queue the metrics of ``step`` (never waits for the server; ``flush`` is kept for callers:
-        the outbox sends continuously)."""
-        from mlflow.entities import Metric
+    def _do_tags(self, tags: dict[str, str]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(self.run_id, k, v)
 
-        ts = int(time.time() * 1000)
-        self.outbox.put([Metric(k, float(v), ts, step) for k, v in metrics.items()])
+    def _do_artifact(self, path: str, artifact_path: str | None) -> None:
+        self.client.log_artifact(self.run_id, path, artifact_path)
+        Path(path).unlink(missing_ok=True)
+
+    def _do_end(self, status: str) -> None:
+        end_run(self.client, self.run_id, TrialStatus(status))
 
     def _send(self, batch: list) -> None:
-        """The outbox's sender (its thread): the batch less the steps already stored."""
+        """The outbox's sender (its thread): one call, or metrics less the steps already stored."""
+        if getattr(batch[0], "is_op", False):
+            getattr(self, "_do_" + batch[0].name)(*batch[0].args)
+            return
         fresh, last = [], {}
         for m in batch:
             if m.step > last.get(m.key, self._last_logged_step(m.key)):
@@ -234,21 +283,65 @@ class RunLogger:
             self._logged[key] = max((m.step for m in hist), default=-1)
         return self._logged[key]
 
-    def flush(self, wait: float | None = None) -> None:
-        """Until every queued metric is stored (``TrackingUnavailable`` after ``wait`` seconds)."""
-        self.outbox.flush(wait)
+    # -- the trial's side: nothing here waits for the server ----------------------------------------
+    def set_tags(self, tags: dict[str, Any]) -> None:
+        self.outbox.put([outbox.Op("tags", {k: str(v) for k, v in tags.items()}, what="setting tags")])
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        flat = {k: str(v)[:6000] for k, v in flatten(params).items()}
+        self.outbox.put([outbox.Op("params", flat, what="logging params")])
+
+    def log_metrics(self, metrics: dict[str, float], step: int, flush: bool = False) -> None:
+        """Queue the metrics of ``step`` (never waits for the server; ``flush`` is kept for callers:
+        the outbox sends continuously)."""
+        from mlflow.entities import Metric
+
+        ts = int(time.time() * 1000)
+        self.outbox.put([Metric(k, float(v), ts, step) for k, v in metrics.items()])
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
-        self._patient(lambda: self.client.log_artifact(self.run_id, str(path), artifact_path), "logging an artifact")
+        """Queue a copy of the file (the caller may remove it), under its own name."""
+        self._files = self._files or Path(tempfile.mkdtemp(prefix="lime-artifacts-"))
+        dst = self._files / str(len(list(self._files.iterdir()))) / Path(path).name
+        dst.parent.mkdir()
+        shutil.copy2(path, dst)
+        self.outbox.put([outbox.Op("artifact", str(dst), artifact_path, what="logging an artifact")])
+
+    def flush(self, wait: float | None = None) -> None:
+        """Until everything queued is stored (``TrackingUnavailable`` after ``wait`` seconds)."""
+        self.outbox.flush(wait)
 
     def pause(self) -> None:
-        """Every metric sent and the sender's thread ended; the run stays RUNNING (a stopped trial
+        """Everything sent and the sender's thread ended; the run stays RUNNING (a stopped trial
         resumes in a later attempt, with a logger of its own)."""
         self.outbox.close()
 
     def end(self, status: TrialStatus | str, wait: float | None = None) -> None:
-        """Close the run: every metric sent, the trial's state as the ``status`` tag, its MLflow
-        status from it (waiting at most ``wait`` seconds for the server)."""
-        status = TrialStatus(status)
-        self.outbox.close(wait)
-        self._patient(lambda: end_run(self.client, self.run_id, status), "closing the run", wait)
+        """Close the run: everything sent, the trial's state as the ``status`` tag, its MLflow
+        status from it, waiting at most ``wait`` seconds for the server (``$LIME_TRACKING_WAIT_S``),
+        then ``TrackingUnavailable``; with a ``spool`` folder at most one call's retry window, then
+        what is left goes to a background sender (``hand_off``)."""
+        self.outbox.put([outbox.Op("end", TrialStatus(status).value, what="closing the run")])
+        wait = outbox.wait_bound() if wait is None else wait
+        if self.spool is None:
+            self.outbox.close(wait)
+            return
+        try:
+            self.outbox.close(0.0 if self.health.since is not None else min(wait, outbox.retry_window()))
+        except outbox.TrackingUnavailable:
+            self.hand_off()
+
+    def hand_off(self) -> Path:
+        """What is not sent yet, to a background sender that outlives this process (the spool
+        folder holds it; ``orchestrator.core.spool``); said in one line."""
+        spool = importlib.import_module("orchestrator.core.spool")  # by name: the spool's sender uses this module
+
+        items = self.outbox.detach()
+        path = spool.write(self.spool, {"uri": self.uri, "run_id": self.run_id, "items": items})
+        spool.launch(path)
+        self.health.handed_off = str(path)
+        self.health.say(f"MLflow at {self.uri} unreachable: the trial ends and frees its slot; {len(items)} "
+                        f"metrics and calls (its run's end included) go to a background sender ({path}.log), which "
+                        f"sends them in order when the server answers (at most {outbox.wait_bound():g} s: "
+                        f"${outbox.WAIT_ENV})")
+        return path

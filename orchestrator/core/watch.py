@@ -1,8 +1,8 @@
 """The sweep driver's own watch of its MLflow server (torch-free, stdlib only).
 
-A trial that waits for the server (to create its run) reports nothing to the driver, and one
-that trains reports an outage only with its next result; so the driver probes the server itself
-and its console says an outage within seconds. The watch lives in the console, a Ray Tune
+A trial reports an outage only with its next result (a starting one reports nothing until it
+has trained to its first log point); so the driver probes the server itself and its console says
+an outage within seconds. The watch lives in the console, a Ray Tune
 callback that Ray pickles with the experiment's state: its lock, thread and probe are made when
 first used, never pickled.
 """
@@ -118,8 +118,9 @@ class ServerWatch:
                 return None
             if self.said is None:
                 self.said = now
-                return (f"MLflow at {self.uri} unreachable from the driver ({self.why}); training trials go on and "
-                        f"keep their metrics, starting ones wait for it (at most {wait_bound():g} s: ${WAIT_ENV})")
+                return (f"MLflow at {self.uri} unreachable from the driver ({self.why}); trials train on and keep "
+                        "what they log, a starting trial's run is created when it answers, an ending trial's is sent "
+                        f"in the background (at most {wait_bound():g} s: ${WAIT_ENV})")
             if now - self.said >= self.repeat:
                 self.said = now
                 return f"MLflow at {self.uri} still unreachable, for {now - self.since:.0f} s"

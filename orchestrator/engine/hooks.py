@@ -104,12 +104,17 @@ class MLflowHook(Hook):
     send), the params and model size once, metrics at every log point (sent in the background,
     kept through an outage: ``orchestrator.core.outbox``), artifacts and the final status at the
     end (waiting for an absent server up to ``$LIME_TRACKING_WAIT_S``, then ``TrackingUnavailable``:
-    the trial fails with its last checkpoint written)."""
+    the trial fails with its last checkpoint written; with ``spool``, a sweep trial's, what is left
+    goes to a background sender instead). A run that cannot be created at the start (the server is
+    away) is created when the server answers, the trial training meanwhile; ``trial`` names the
+    sweep trial whose record that late opening reads."""
 
     def __init__(self, experiment: str, *, run_name: str | None = None, parent_run_id: str | None = None,
-                 tags: dict[str, Any] | None = None, params: dict[str, Any] | None = None):
+                 tags: dict[str, Any] | None = None, params: dict[str, Any] | None = None,
+                 trial: str | None = None, spool: str | None = None):
         self.experiment, self.run_name, self.parent_run_id = experiment, run_name, parent_run_id
         self.tags, self.params = dict(tags or {}), dict(params or {})
+        self.trial, self.spool = trial, spool  # RunLogger's: a late opening's record lookup, the hand-off folder
         self.logger: RunLogger | None = None
 
     def on_start(self, t: Trainer) -> None:
@@ -121,8 +126,9 @@ class MLflowHook(Hook):
         tags = {"router": mcfg.router, "preset": cfg.preset, "n_layers": mcfg.n_layers, "seed": cfg.train.seed,
                 record.GIT_SHA: git_sha(), record.STATUS: TrialStatus.RUNNING.value, **self.tags}
         self.logger = RunLogger(self.experiment, run_id=t.run_id, run_name=self.run_name, tags=tags,
-                                parent_run_id=self.parent_run_id)
-        t.run_id = self.logger.run_id
+                                parent_run_id=self.parent_run_id, trial=self.trial, resumed=t.resumed,
+                                spool=self.spool)
+        t.run_id = self.logger.run_id or t.run_id  # None until the server answers (the run is opened late)
         if t.resumed:  # what an earlier attempt logged but its server never stored (an outage, a kill)
             for h in t.history:
                 self.on_log(t, int(h["step"]), {k: v for k, v in h.items() if k != "step"}, None)
@@ -136,6 +142,7 @@ class MLflowHook(Hook):
                                     0, flush=True)
 
     def on_log(self, t: Trainer, step: int, metrics: dict, checkpoint: str | None) -> None:
+        t.run_id = t.run_id or self.logger.run_id  # a run opened late: the next checkpoint names it
         scalars = {k: v for k, v in metrics.items() if k.startswith(SCALAR_PREFIXES)}
         if scalars:
             self.logger.log_metrics(scalars, 0)
@@ -157,6 +164,7 @@ class MLflowHook(Hook):
             for path in write_artifacts(t, Path(d)):
                 self.logger.log_artifact(path)
         self.logger.end(status)
+        t.run_id = t.run_id or self.logger.run_id
 
     def on_error(self, t: Trainer, exc: BaseException) -> None:
         if self.logger is None:
@@ -171,6 +179,7 @@ class MLflowHook(Hook):
         try:
             self.logger.end(status, wait=wait)
         except TrackingUnavailable as e:
+            self.logger.outbox.detach()  # its sender stops: what is left is in the checkpoint's history
             print(f"note: the run's end was not recorded: {e}", flush=True)
 
 

@@ -120,6 +120,7 @@ class StartupHook(Hook):
 
     def on_log(self, t: Trainer, step: int, metrics: dict, checkpoint: str | None) -> None:
         self.step = step
+        self.run_id = t.run_id or self.run_id  # a run opened late (its server was away at the start)
 
     def after_backward(self, t: Trainer, loss: float) -> None:
         self.clock.mark_first_step()

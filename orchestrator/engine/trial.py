@@ -37,6 +37,10 @@ class Tracking:
     tags: dict[str, Any] = field(default_factory=dict)
     params: dict[str, Any] = field(default_factory=dict)  # besides the config's (a sweep's variant)
     enabled: bool = True
+    # a sweep trial's id: its run, when opened late (the server was away at the start), is looked up
+    # in the sweep's record first (``orchestrator.core.tracking.RunLogger``)
+    trial_id: str | None = None
+    spool: str | None = None  # a folder: a trial that ends during an outage hands off what is left
 
 
 def trial_hooks(cfg: TrialConfig, tracking: Tracking, on_log: Callable | None = None) -> list[Hook]:
@@ -48,7 +52,8 @@ def trial_hooks(cfg: TrialConfig, tracking: Tracking, on_log: Callable | None = 
     hooks: list[Hook] = [RouterPruneHook(), MemoryHook(), CostHook(), StabilityHook()]
     if tracking.enabled:
         hooks.append(MLflowHook(tracking.experiment, run_name=tracking.run_name,
-                                parent_run_id=tracking.parent_run_id, tags=tracking.tags, params=tracking.params))
+                                parent_run_id=tracking.parent_run_id, tags=tracking.tags, params=tracking.params,
+                                trial=tracking.trial_id, spool=tracking.spool))
     if cfg.train.analyze:
         hooks.append(AnalysisHook())
     if on_log is not None:

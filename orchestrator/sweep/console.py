@@ -14,12 +14,16 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.core.outbox import BUFFERED, LAST_KEPT, LAST_OUTAGE_S, OUTAGE_S
+from orchestrator.core.outbox import BUFFERED, HANDED_OFF, LAST_KEPT, LAST_OUTAGE_S, OUTAGE_S
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.watch import ServerWatch
-from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, RAY_DONE, RAY_ERROR, RESUMED
+from orchestrator.sweep.mlflow_runs import CONFIG_ERROR, OWN_ERROR, RAY_DONE, RAY_ERROR, RESUMED
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.view import fmt_time as _fmt_time
+
+# a trial whose worker (process or node) is lost is retried without spending its retries, this
+# many times at most in one launch: a trial that kills its own process each time still ends
+LOST_RETRIES_ENV, LOST_RETRIES = "LIME_LOST_WORKER_RETRIES", 10
 
 
 class TrialNamer:
@@ -77,15 +81,25 @@ class LiveView:
 
     Ray calls ``on_trial_complete`` and ``on_trial_error`` before it changes the trial's status,
     so the view keeps its own record of the trials that ended: the counts printed with a "done"
-    line include that trial. The ETA (``Eta``) comes from measured step rates only."""
+    line include that trial. The ETA (``Eta``) comes from measured step rates only.
+
+    Retries: Ray retries every failure (``FailureConfig(max_failures=-1)``) unless the view has set
+    the trial's ``max_failures`` to 0 before it: an attempt that fails on its own error reports it
+    first (``OWN_ERROR``), and only those spend the sweep's ``max_failures`` (``retries``); a failure
+    with no such report is a lost worker or node, retried in the same launch up to ``lost_retries``
+    times (``$LIME_LOST_WORKER_RETRIES``)."""
 
     def __init__(self, *, total: int, steps: dict[str, int], default_steps: int, metric: str, mode: str,
-                 every: float = 15.0, uri: str = ""):
+                 every: float = 15.0, uri: str = "", retries: int = 2, lost_retries: int = LOST_RETRIES):
         self.total, self.steps, self.default_steps = total, dict(steps), default_steps
         self.metric, self.mode, self.every = metric, mode, every
+        self.retries, self.lost_retries = retries, lost_retries  # a trial's own errors, its lost workers
         # an MLflow server: watched from the driver too (``core.watch.ServerWatch``), so an outage is said
-        # within seconds even while no trial reports (trials waiting to create their runs)
+        # within seconds even while no trial reports (a starting trial reports at its first log point)
         self.watch = ServerWatch(uri) if uri.startswith(("http://", "https://")) else None
+        # trials that ended during an outage, their runs sent by a background sender: over every Ray
+        # experiment this view watches (a grown sweep's), which the driver waits for before its summary
+        self.handed_off: set[str] = set()
         self.setup()
 
     def setup(self, **info) -> None:  # also called by Ray at the start of every (resumed) run
@@ -101,6 +115,9 @@ class LiveView:
         self.final_status: dict[str, str] = {}  # trial -> Ray status at the end of the run
         self.reported: set[str] = set()  # trials whose running attempt has reported
         self.away: dict[str, float] = {}  # trials whose MLflow server is unreachable -> outage seconds
+        self.own: dict[str, int] = {}  # trial -> attempts that failed on an error of their own (this launch)
+        self.lost: dict[str, int] = {}  # trial -> attempts whose worker or node was lost (this launch)
+        self.failing: dict[str, str] = {}  # trial -> its running attempt's own error, reported before it raises
 
     # -- helpers -----------------------------------------------------------------------------------
     def _say(self, msg: str) -> None:
@@ -152,7 +169,12 @@ class LiveView:
         n = str(trial)
         self.ended.pop(n, None)
         self.reported.discard(n)
+        self.failing.pop(n, None)
         self.eta.start(n, self.progress.get(n, 0))
+        # Ray retries every failure; the view decides, before each one, whether it ends the trial
+        # (``max_failures`` 0) or not (-1): only the trial's own errors spend its retries
+        if n not in self.config_failed:
+            trial.max_failures = -1 if self.lost.get(n, 0) < self.lost_retries else 0
         failures = getattr(getattr(trial, "run_metadata", None), "num_failures", 0) or 0
         self._say(f"start  {n}" + (f" (attempt {failures + 1})" if failures else ""))
 
@@ -187,6 +209,11 @@ class LiveView:
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         n = str(trial)
+        if result.get(OWN_ERROR):  # the attempt raises next: its own error, which spends a retry
+            self.failing[n] = str(result[OWN_ERROR])
+            self.own[n] = self.own.get(n, 0) + 1
+            trial.max_failures = -1 if self.own[n] <= self.retries else 0
+            return
         if result.get(CONFIG_ERROR):  # retrying cannot fix the config: the trial fails when it raises
             trial.max_failures = 0
             self.config_failed.add(n)
@@ -210,6 +237,8 @@ class LiveView:
         self.ended[n] = RAY_DONE
         self.eta.end(n)
         r = trial.last_result or {}
+        if r.get(HANDED_OFF):
+            self.handed_off.add(n)
         v = r.get(self.metric)
         status = r.get("status", TrialStatus.FINISHED.value)
         if status == TrialStatus.RUNNING.value:
@@ -219,20 +248,33 @@ class LiveView:
             if better:
                 self.best = (v, n)
         val = f"{self.metric} {v:.4g}" if isinstance(v, (int, float)) else f"{self.metric} -"
-        self._say(f"done   {n}: {status}, {val}, MLflow run {r.get('run_id', '?')}")
+        rid = r.get("run_id") or ("not created yet: a background sender creates it when the server answers"
+                                  if r.get(HANDED_OFF) else "?")
+        self._say(f"done   {n}: {status}, {val}, MLflow run {rid}")
         self._status(trials, force=True)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
+        n = str(trial)
         has = getattr(trial, "checkpoint", None) is not None
-        self._say(f"retry  {trial} (failure {trial.run_metadata.num_failures} of {trial.max_failures} allowed): "
-                  + ("it has a checkpoint to continue from" if has else "no checkpoint yet: it starts over at step 0"))
+        where = "it has a checkpoint to continue from" if has else "no checkpoint yet: it starts over at step 0"
+        if n in self.failing:
+            self._say(f"retry  {n} (its error {self.own[n]} of {self.retries} allowed: {self.failing.pop(n)}): {where}")
+            return
+        self.lost[n] = self.lost.get(n, 0) + 1
+        self._say(f"retry  {n}: its worker was lost (a killed process or node; {self.lost[n]} of {self.lost_retries} "
+                  f"allowed, ${LOST_RETRIES_ENV}), no retry of its {self.retries} spent: {where}")
 
     def on_trial_error(self, iteration, trials, trial, **info):
-        self.ended[str(trial)] = RAY_ERROR
-        self.eta.end(str(trial))
-        if str(trial) not in self.config_failed:  # that one said why already
-            self._say(f"FAILED {trial} after {trial.run_metadata.num_failures} failure(s); see "
-                      f"{trial.path}/trial.log and error.txt")
+        n = str(trial)
+        self.ended[n] = RAY_ERROR
+        self.eta.end(n)
+        where = f"see {trial.path}/trial.log and error.txt"
+        if n in self.failing:
+            self._say(f"FAILED {n} after {self.own[n]} error(s) of its own ({self.retries} retries allowed): "
+                      f"{self.failing.pop(n)}; {where}")
+        elif n not in self.config_failed:  # that one said why already
+            self._say(f"FAILED {n}: its worker was lost {self.lost.get(n, 0) + 1} times (${LOST_RETRIES_ENV}="
+                      f"{self.lost_retries}); {where}")
         self._status(trials, force=True)
 
     def on_step_end(self, iteration, trials, **info):

@@ -38,7 +38,7 @@ from orchestrator.core.record import child_runs, end_run
 from orchestrator.core.status import TrialStatus
 from orchestrator.core.tracking import client, experiment_id, init_store, tracking_uri
 from orchestrator.sweep import connect, evaluate, extend, history, preflight
-from orchestrator.sweep.console import TrialNamer, launch_note, live_view
+from orchestrator.sweep.console import LOST_RETRIES, LOST_RETRIES_ENV, TrialNamer, launch_note, live_view
 from orchestrator.sweep.finish import finish
 from orchestrator.sweep.local_state import STATE_FILE, read_state, write_state  # noqa: F401 - moved there
 from orchestrator.sweep.mlflow_runs import close_stale_runs, parent_run
@@ -78,6 +78,7 @@ def run_sweep(spec: SweepSpec, *, address: str | None = None, results: str | Pat
         connect.split_address(address)  # a ray:// or malformed address: one line, before any other output
     else:
         preflight.check_local(spec)  # the CLI checked it before Ray loaded; run_sweep's other callers here
+    lost_retries()  # a bad $LIME_LOST_WORKER_RETRIES: one line, before anything is recorded
     evaluate.preflight(spec)  # the eval: block's tasks and data, before anything is recorded
     launch = extend.prepare(spec, exp_dir, uri, add_seeds, only)  # planned once; refuses changed trials
     if launch.message:
@@ -132,6 +133,7 @@ def _run(launch: extend.Launch, address: str | None, log: Path, status_every: fl
         with connect.output_to(log):
             grid = tuner.fit()
         elapsed = clock.stop()
+        wait_for_senders(cl, exp_id, parent, view.handed_off)
         evaluate.finished_trials(spec, cl, exp_id, parent, exp_dir, uri)  # the eval: block, if any
     except BaseException as e:  # nothing may stay RUNNING: the parent and any started trial
         if fitting:
@@ -153,7 +155,8 @@ def _open_tracking(launch: extend.Launch) -> tuple[Any, int, TrialStatus | None]
     launch's seeds (``history.record_launch``), and the cache its state."""
     spec, uri, state = launch.spec, launch.uri, launch.state
     init_store(uri)
-    cl = outbox.PatientClient(client(uri))  # a server away at the end of a sweep is waited for, not a traceback
+    # a server away at the end of a sweep is waited for, not a traceback; said as the driver's wait
+    cl = outbox.PatientClient(client(uri), outbox.Health(uri, who="the sweep's driver"))
     exp_id = experiment_id(spec.name, cl)
     before = _status_of(cl, state.get("parent_run_id"))
     parent = parent_run(spec, cl, exp_id, state)
@@ -199,7 +202,7 @@ class WallClock:
 
     def _beat(self) -> None:
         while not self.done.wait(WALL_BEAT_S):
-            self.write(time.monotonic() - self.t0)
+            self.write(time.monotonic() - self.t0, beat=True)
 
     def stop(self) -> float:
         """This launch's seconds, written (the beats end first); a second call changes nothing."""
@@ -212,16 +215,20 @@ class WallClock:
         self.write(elapsed)
         return elapsed
 
-    def write(self, elapsed: float) -> None:
+    def write(self, elapsed: float, beat: bool = False) -> None:
+        """A beat does not wait for an absent server (the next beat writes it; the console's watch
+        says the outage); the last write does (``PatientClient``)."""
         try:
             import ray
 
             cluster = ray.cluster_resources() if ray.is_initialized() else {}
             slots = concurrent_slots(self.spec, cluster, self.spec.n_trials())
+            cl = getattr(self.cl, "_cl", self.cl) if beat else self.cl  # a PatientClient's own client: no wait
             record.ParentTags(wall_s=self.prior + elapsed, slots=slots, ray_start_s=self.ray_start_s,
-                              launches=self.launch).write(self.cl, self.parent)
+                              launches=self.launch).write(cl, self.parent)
         except Exception as e:  # noqa: BLE001 - a timing number never fails a sweep
-            log.warning("sweep wall time not logged: %s", e)
+            if not (beat and outbox.is_outage(e)):
+                log.warning("sweep wall time not logged: %s", e)
 
 
 def _status_of(cl, run_id: str | None) -> TrialStatus | None:
@@ -243,7 +250,35 @@ def _live_view(spec: SweepSpec, metric: str, mode: str, every: float):
     else:
         default_steps = max(spec.trial_config(upper_corner(spec)).train.steps, 1)
     return live_view(total=spec.n_trials(), steps=steps, default_steps=default_steps, metric=metric, mode=mode,
-                     every=every, uri=tracking_uri())
+                     every=every, uri=tracking_uri(), retries=spec.max_failures, lost_retries=lost_retries())
+
+
+def lost_retries() -> int:
+    """``$LIME_LOST_WORKER_RETRIES``: how often a trial whose worker is lost is retried in one launch."""
+    raw = os.environ.get(LOST_RETRIES_ENV, "").strip()
+    if not raw:
+        return LOST_RETRIES
+    if not raw.isdigit():
+        raise ConfigError(f"${LOST_RETRIES_ENV}: must be a whole number >= 0, got {raw!r}")
+    return int(raw)
+
+
+def wait_for_senders(cl, exp_id: str, parent: str, trials: set[str]) -> None:
+    """Trials that ended during an outage left their last metrics and their run's end to a
+    background sender (``orchestrator.core.spool``): the summary waits until their runs have ended
+    (at most ``$LIME_TRACKING_WAIT_S``)."""
+    if not trials:
+        return
+    print(f"waiting for the background senders of {len(trials)} trial(s) that ended during an MLflow outage "
+          f"(at most {outbox.wait_bound():g} s: ${outbox.WAIT_ENV})", flush=True)
+    left, deadline = set(trials), time.monotonic() + outbox.wait_bound()
+    while left and time.monotonic() < deadline:
+        left = {t for t in left if not any(r.info.status != TrialStatus.RUNNING.mlflow
+                                           for r in record.child_runs(cl, exp_id, parent, t))}
+        if left:
+            time.sleep(2.0)
+    if left:
+        print(f"note: the runs of {', '.join(sorted(left))} have not ended yet; their senders keep trying", flush=True)
 
 
 def _tuner(launch: extend.Launch, view, ctx: dict, done: frozenset):
@@ -289,7 +324,9 @@ def _new_tuner(spec: SweepSpec, trainable, exp_dir: Path, view):
         space = _search_space(spec, tc)
     run_config = tune.RunConfig(
         name=exp_dir.name, storage_path=str(exp_dir.parent), verbose=0, callbacks=[view],
-        failure_config=tune.FailureConfig(max_failures=spec.max_failures),
+        # every failure is retried by Ray; the live view ends a trial whose own errors exceed
+        # spec.max_failures (a lost worker or node spends none of them: orchestrator.sweep.console)
+        failure_config=tune.FailureConfig(max_failures=-1),
         checkpoint_config=tune.CheckpointConfig(num_to_keep=2))
     return tune.Tuner(trainable, param_space=space, tune_config=tune.TuneConfig(**tc), run_config=run_config)
 

@@ -40,6 +40,36 @@ CONFIG_ERROR = "config_error"  # the result key that says a trial failed on a mi
 RESUMED = "resumed"
 
 
+OWN_ERROR = "own_error"  # the result key that says an attempt fails on an error of its own (not a lost worker)
+# Ray's errors of a process or node that went away: the chaos of a cluster, not the trial's doing
+LOST_WORKER_ERRORS = frozenset({"RayActorError", "ActorDiedError", "ActorUnavailableError", "WorkerCrashedError",
+                                "NodeDiedError", "OwnerDiedError", "ObjectLostError", "LocalRayletDiedError"})
+
+
+def lost_worker(exc: BaseException) -> bool:
+    """Whether an attempt's error is a lost Ray worker or node (a multi-worker trial's Ray Train
+    worker, say), anywhere in its chain of causes."""
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if {c.__name__ for c in type(e).__mro__} & LOST_WORKER_ERRORS:
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def report_own_error(tune, trial_id: str, exc: BaseException) -> None:
+    """An attempt that fails on an error of its own says so to the driver before it raises: only
+    such errors spend the trial's retries (``max_failures``); an attempt whose process or node is
+    lost cannot say anything, and is retried without spending one (``orchestrator.sweep.console``)."""
+    try:
+        tune.report({OWN_ERROR: f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300],
+                     "trial": trial_id, "step": 0, "status": TrialStatus.FAILED.value, "objective": float("nan")})
+    except Exception:  # noqa: BLE001 - outside Tune (tests call the trial directly): nothing to tell
+        pass
+
+
 def report_config_error(tune, trial_id: str, exc: BaseException) -> None:
     """A trial that fails on a ``ConfigError`` (the hub unreachable, a dataset that is not there)
     says so to the driver before it raises: retrying cannot help, so the driver's live view sets

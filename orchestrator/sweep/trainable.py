@@ -37,7 +37,7 @@ from orchestrator.core.tracking import client, experiment_id
 from orchestrator.engine.startup import StartupClock, StartupHook, prepare_process, shared_data, worker_clock
 from orchestrator.engine.trial import Tracking, run_trial
 from orchestrator.sweep import IMPORT_T0
-from orchestrator.sweep.mlflow_runs import RESUMED, report_config_error, trial_extras
+from orchestrator.sweep.mlflow_runs import RESUMED, lost_worker, report_config_error, report_own_error, trial_extras
 from orchestrator.sweep.spec import SweepSpec, trial_dirname
 from orchestrator.sweep.tune_report import newest_checkpoint, objective, output_to, reporter
 from orchestrator.sweep.workers import fit_workers
@@ -45,6 +45,7 @@ from orchestrator.sweep.workers import fit_workers
 IMPORT_S = time.perf_counter() - IMPORT_T0  # what importing the project cost this process
 WALL = record.TRIAL_WALL
 ATTEMPT_DIR = "attempt"  # an attempt's working folder inside the trial's folder (attempt_dir)
+SPOOL_DIR = "outbox"  # what a trial that ended during an outage left to its background sender
 # Ray waits this long for a trial's thread to end before it reuses the process (default 2 s); a
 # trial that Ray stops closes its MLflow run first, which can take longer on a busy machine
 THREAD_TIMEOUT_ENV = "TUNE_FUNCTION_THREAD_TIMEOUT_S"
@@ -87,6 +88,8 @@ def run_attempt(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, tune, c
             traceback.print_exc()
             if isinstance(e, ConfigError):  # the config's mistake: no retry can help
                 report_config_error(tune, trial_id, e)
+            elif isinstance(e, Exception) and not lost_worker(e):  # not Ray's stop (SystemExit) or a lost worker
+                report_own_error(tune, trial_id, e)
             raise
 
 
@@ -111,23 +114,31 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
     try:
         with clock.phase("resume"):
             resume, ck_state, ck_src = newest_checkpoint(tune.get_checkpoint(), trial_dir, work)
-        with clock.phase("mlflow"):  # an absent server is waited for ($LIME_TRACKING_WAIT_S), never a failure
+        with clock.phase("mlflow"):  # an absent server: the trial starts without it (its run is opened late)
             cl = client(ctx["uri"])
-            exp_id = outbox.patient(lambda: experiment_id(spec.name, cl), "finding the experiment", health)
-            run = recorded_run(outbox.patient(lambda: child_runs(cl, exp_id, ctx["parent_run_id"], trial_id),
-                                              "finding the trial's run", health), ck_state)
+
+            def lookup():
+                eid = experiment_id(spec.name, cl)
+                return eid, child_runs(cl, eid, ctx["parent_run_id"], trial_id)
+
+            answered, found = outbox.try_once(lookup, "finding the trial's run", health)
+            exp_id, runs = found if answered else (None, [])
+            run = recorded_run(runs, ck_state)
         base = {"trial": trial_id, "steps_total": cfg.train.steps}
         if run is not None and _report_finished(cl, run, {**base, "start_step": 0, "step": cfg.train.steps},
                                                 ctx["metric"], tune):
             return  # nothing ran: no wall time to add
-        if resume and run is None:  # the record is the truth: nothing recorded, nothing to continue
+        if resume and run is None and answered and ck_state.get("run_id"):
+            # the record is the truth: the run the checkpoint names is not in it, nothing to continue
+            # (a checkpoint that names none was trained while the server was away: its run is created now)
             print("the checkpoint's trial has no MLflow run in the sweep's record: starting over", flush=True)
             resume, ck_state, ck_src = None, None, None
-        run_id = run.info.run_id if resume else None
+        # without the server: the checkpoint's run, if it names one; else the late opening reads the record
+        run_id = (run.info.run_id if run is not None else ck_state.get("run_id")) if resume else None
         step = start = int(ck_state["step"]) if resume else 0
         base["start_step"] = start
-        if run_id is None:  # a fresh start: a run left by an attempt that never checkpointed would duplicate steps
-            with clock.phase("mlflow"):
+        if run_id is None and answered:  # a fresh start: a run left by an attempt that never checkpointed
+            with clock.phase("mlflow"):  # would duplicate steps
                 for old in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
                     print(f"deleting MLflow run {old.info.run_id} of an attempt without a checkpoint", flush=True)
                     outbox.patient(lambda old=old: cl.delete_run(old.info.run_id), "deleting a run", health)
@@ -142,7 +153,8 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
             tags.update(workers=spec.resources.workers, parallel=spec.resources.parallel)
         colour, params = trial_extras(spec, config)  # the dashboard's run colour, the variant as a param
         tracking = Tracking(experiment=spec.name, run_id=run_id, parent_run_id=ctx["parent_run_id"],
-                            run_name=trial_id, tags={**tags, **colour}, params=params)
+                            run_name=trial_id, tags={**tags, **colour}, params=params,
+                            trial_id=None if answered else trial_id, spool=str(trial_dir / SPOOL_DIR))
         latest: dict[str, float] = {}
         if spec.resources.workers > 1:  # Ray Train's workers report to Tune themselves, the last time too
             res = fit_workers(spec, ctx, cfg, tracking, base, trial_dir, (ck_src or resume) if resume else None)
@@ -158,12 +170,16 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
                             on_log=reporter(base, latest, ctx["metric"], work, tune))
         except SystemExit:  # Ray stopped the trial (scheduler, or the sweep was interrupted)
             print("stopped by Ray", flush=True)
-            for run in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id):
-                end_run(cl, run.info.run_id, TrialStatus.STOPPED)
+            try:
+                for run in child_runs(cl, exp_id, ctx["parent_run_id"], trial_id) if exp_id else []:
+                    end_run(cl, run.info.run_id, TrialStatus.STOPPED)
+            except Exception as e:  # noqa: BLE001 - the server is away: the driver closes what stays RUNNING
+                print(f"note: the run's stop was not recorded ({type(e).__name__})", flush=True)
             raise
         finally:
             run_id, step = hook.run_id or run_id, max(step, hook.step)
-        print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run {res.run_id}",
+        print(f"{res.status} at step {res.step}: final/val_loss={res.final_val_loss} MLflow run "
+              f"{res.run_id or 'not created yet (the server is away)'}",
               flush=True)
         tune.report({**base, "step": res.step, "status": str(res.status), "run_id": res.run_id or "", **latest,
                      **health.report(), "objective": objective(latest, ctx["metric"])})
@@ -175,6 +191,9 @@ def _train(spec: SweepSpec, ctx: dict, config: dict, trial_id: str, trial_dir: P
 def log_wall(cl, run_id: str | None, clock: StartupClock, step: int) -> None:
     """Add this attempt's seconds (a fresh worker's start included) to the run's ``trial/wall_s``."""
     if cl is None or not run_id:
+        return
+    if outbox.health().since is not None:  # the server is away: no call's retry window spent on a timing
+        print(f"note: {WALL} not logged (MLflow unreachable)", flush=True)
         return
     try:
         prior = cl.get_run(run_id).data.metrics.get(WALL, 0.0)  # the trial's earlier attempts

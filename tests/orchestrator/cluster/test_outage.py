@@ -103,19 +103,30 @@ def test_a_tracking_outage_longer_than_the_retry_window_loses_nothing_and_spends
         # no retry spent: one attempt, and the console says so
         trial_log = next((root / "results" / "ray" / name).glob("*/trial.log")).read_text()
         assert trial_log.count("=== ") == 1 and "retry" not in out and "FAILED" not in out
-        assert "unreachable (sending metrics" in trial_log and " back after " in trial_log
-        # the console named the outage and its end, with the numbers
+        assert "unreachable (sending metrics" in trial_log
         assert re.search(r"MLflow unreachable from base for \d+ s: it keeps training", out), out[-3000:]
-        m = re.search(r"MLflow answers base again after (\d+) s: (\d+) kept metrics sent in order", out)
-        assert m, out[-3000:]
-        noticed, kept = int(m.group(1)), int(m.group(2))
-        assert kept > 0 and OUTAGE_S - 5 <= noticed <= outage + 10
-        # the driver's own watch of the server (issue 39: said even while no trial reports), and its end
-        assert f"MLflow at {uri} unreachable from the driver (" in out, out[-3000:]
-        m = re.search(rf"MLflow at {re.escape(uri)} answers again after (\d+) s", out)
-        assert m and OUTAGE_S - 10 <= int(m.group(1)) <= outage + 10, out[-3000:]
+        assert f"MLflow at {uri} unreachable from the driver (" in out, out[-3000:]  # the driver's own watch
+        handed = re.search(r"the trial ends and frees its slot; \d+ metrics and calls \(its run's end included\) go "
+                           r"to a background sender \((\S+\.pkl)\.log\)", trial_log)
+        if handed:  # a busy machine: the trial ended before the server was back (issue 39: it frees its slot)
+            assert "waiting for the background senders of 1 trial(s) that ended during an MLflow outage" in out
+            sender = Path(handed.group(1) + ".log")
+            end = time.time() + 30
+            while time.time() < end and "everything sent; MLflow run " not in sender.read_text():
+                time.sleep(0.2)
+            assert "everything sent; MLflow run " in sender.read_text(), sender.read_text()
+            noticed, kept = None, None
+        else:  # the trial saw the server come back: its log, the console, the driver's watch say so
+            assert " back after " in trial_log
+            m = re.search(r"MLflow answers base again after (\d+) s: (\d+) kept metrics sent in order", out)
+            assert m, out[-3000:]
+            noticed, kept = int(m.group(1)), int(m.group(2))
+            assert kept > 0 and OUTAGE_S - 5 <= noticed <= outage + 10
+            m = re.search(rf"MLflow at {re.escape(uri)} answers again after (\d+) s", out)
+            assert m and OUTAGE_S - 10 <= int(m.group(1)) <= outage + 10, out[-3000:]
         print(json.dumps({"outage_s": round(outage, 1), "outage_seen_by_trial_s": noticed, "metrics_kept_and_sent":
-                          kept, "steps_lost": 0, "duplicate_steps": 0, "retries_spent": 0}))
+                          kept, "handed_off": bool(handed), "steps_lost": 0, "duplicate_steps": 0,
+                          "retries_spent": 0}))
     finally:
         server.stop()
 
@@ -154,6 +165,7 @@ def test_a_trial_that_ends_during_an_outage_fails_with_one_line_and_its_resume_l
         state = torch.load(ck / "checkpoint.pt", weights_only=True)
         assert state["step"] == 60 and state["history"][-1].get("final/val_loss") is not None  # intact, final
         servers[0] = _server(tmp_path, port, 2)
+        monkeypatch.setenv("LIME_TRACKING_WAIT_S", "120")  # the resume sends everything, at a busy server's pace
         res = run_trial(TrialConfig.from_dict(cfg), tracking=Tracking(experiment="ends-away"), resume=ck)
         cl = _client(uri)
         run = cl.get_run(res.run_id)

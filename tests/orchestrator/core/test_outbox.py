@@ -228,8 +228,9 @@ def test_the_drivers_watch_says_an_outage_while_it_lasts_and_its_end():
     w.check()
     now[0] = 12.0
     assert w.news() == ("MLflow at http://tracking:5000 unreachable from the driver (ConnectionRefusedError: [Errno "
-                        "111] Connection refused); training trials go on and keep their metrics, starting ones wait "
-                        "for it (at most 1800 s: $LIME_TRACKING_WAIT_S)")
+                        "111] Connection refused); trials train on and keep what they log, a starting trial's run "
+                        "is created when it answers, an ending trial's is sent in the background (at most 1800 s: "
+                        "$LIME_TRACKING_WAIT_S)")
     now[0] = 40.0
     w.check()
     assert w.news() is None  # said 28 s ago

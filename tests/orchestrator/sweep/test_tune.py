@@ -94,7 +94,9 @@ def test_local_sweep_nested_mlflow_runs_and_a_fault_retried_from_its_checkpoint(
     # the compact view, not Ray's table
     assert "done   router=full,seed=0" in out and "retry  router=full,seed=0" in out
     # the console says where the retry continues, as the attempt itself reports it
-    assert "retry  router=full,seed=0 (failure 1 of 2 allowed): it has a checkpoint to continue from" in out
+    # (an error of its own: it spends one of its retries, and the console names it)
+    assert ("retry  router=full,seed=0 (its error 1 of 2 allowed: RuntimeError: injected fault at step 10 "
+            "(LIME_FAULT_ONCE)): it has a checkpoint to continue from") in out
     assert "resume router=full,seed=0: continues from its checkpoint at step 10" in out
     assert "resume router=none" not in out and "MLflow unreachable" not in out
     assert "╭" not in out and "Trial name" not in out and "Number of trials" not in out
