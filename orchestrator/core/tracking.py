@@ -301,7 +301,10 @@ class RunLogger:
 
     def log_artifact(self, path: str | Path, artifact_path: str | None = None) -> None:
         """Queue a copy of the file (the caller may remove it), under its own name."""
-        self._files = self._files or Path(tempfile.mkdtemp(prefix="lime-artifacts-"))
+        if self._files is None:  # a sweep trial's copies in its own folder: a killed worker leaves none in /tmp
+            if self.spool is not None:
+                self.spool.mkdir(parents=True, exist_ok=True)
+            self._files = Path(tempfile.mkdtemp(prefix="lime-artifacts-", dir=self.spool))
         dst = self._files / str(len(list(self._files.iterdir()))) / Path(path).name
         dst.parent.mkdir()
         shutil.copy2(path, dst)
@@ -315,6 +318,14 @@ class RunLogger:
         """Everything sent and the sender's thread ended; the run stays RUNNING (a stopped trial
         resumes in a later attempt, with a logger of its own)."""
         self.outbox.close()
+        self._drop_files()
+
+    def _drop_files(self) -> None:
+        """The queued artifacts' copies, once everything is sent (a hand-off keeps them: its sender
+        still reads them)."""
+        if self._files is not None:
+            shutil.rmtree(self._files, ignore_errors=True)
+            self._files = None
 
     def end(self, status: TrialStatus | str, wait: float | None = None) -> None:
         """Close the run: everything sent, the trial's state as the ``status`` tag, its MLflow
@@ -325,11 +336,14 @@ class RunLogger:
         wait = outbox.wait_bound() if wait is None else wait
         if self.spool is None:
             self.outbox.close(wait)
+            self._drop_files()
             return
         try:
             self.outbox.close(0.0 if self.health.since is not None else min(wait, outbox.retry_window()))
         except outbox.TrackingUnavailable:
             self.hand_off()
+        else:
+            self._drop_files()
 
     def hand_off(self) -> Path:
         """What is not sent yet, to a background sender that outlives this process (the spool
