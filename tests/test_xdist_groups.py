@@ -6,7 +6,6 @@ xdist 3.8 does not write it)."""
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
