@@ -48,7 +48,8 @@ test-shuffled: $(STAMP) lint
 	$(BIN)/python -m pytest -q $(FAST_TESTS) $(XDIST) --random-order-bucket=module --random-order-seed=$(SEED) $(PYTEST_ARGS)
 
 # the tests marked slow, which `make test` leaves out to stay within 8 minutes on 2 cores: the big simulations
-# and every router, dynamic form and depth mix compiled (make test keeps a representative subset of each);
+# every router, dynamic form and depth mix compiled, the router x depth-mix product of test_divergence (make test
+# keeps a representative subset of each);
 # not timed: tens of minutes on 2 cores, Inductor builds every compiled case (cluster tests: make test-cluster)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m "slow and not cluster" $(XDIST) $(PYTEST_ARGS)
