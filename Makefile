@@ -47,7 +47,7 @@ test-shuffled: $(STAMP) lint
 	@echo "shuffled with SHUFFLE_SEED=$(SEED)"
 	$(BIN)/python -m pytest -q $(FAST_TESTS) $(XDIST) --random-order-bucket=module --random-order-seed=$(SEED) $(PYTEST_ARGS)
 
-# the tests marked slow, which `make test` leaves out to stay within 8 minutes on 2 cores: the big simulations
+# the tests marked slow, which `make test` leaves out to stay within 8 minutes on 2 cores: the big simulations,
 # every router, dynamic form and depth mix compiled, the router x depth-mix product of test_divergence (make test
 # keeps a representative subset of each);
 # not timed: tens of minutes on 2 cores, Inductor builds every compiled case (cluster tests: make test-cluster)
