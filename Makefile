@@ -25,7 +25,7 @@ BENCH_FULL_ARGS ?= --compile default
 REFUSAL_ARGS ?=
 STAMP   := $(VENV)/.installed
 
-.PHONY: install lint test test-shuffled test-cluster test-all gpu-check dashboard-check sweep report bench bench-full refusal-bench mlflow-ui clean
+.PHONY: install lint test test-shuffled test-cluster test-slow test-all gpu-check dashboard-check sweep report bench bench-full refusal-bench mlflow-ui clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,13 @@ test: $(STAMP) lint
 test-shuffled: $(STAMP) lint
 	@echo "shuffled with SHUFFLE_SEED=$(SEED)"
 	$(BIN)/python -m pytest -q $(FAST_TESTS) $(XDIST) --random-order-bucket=module --random-order-seed=$(SEED) $(PYTEST_ARGS)
+
+# the tests marked slow, which `make test` leaves out to stay within 8 minutes on 2 cores: the big simulations,
+# every router, dynamic form and depth mix compiled, the router x depth-mix product of test_divergence (make test
+# keeps a representative subset of each);
+# not timed: tens of minutes on 2 cores, Inductor builds every compiled case (cluster tests: make test-cluster)
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q -m "slow and not cluster" $(XDIST) $(PYTEST_ARGS)
 
 # a two-node Ray cluster and an MLflow server on this machine, Ray sweeps (ASHA, divergence)
 test-cluster: $(STAMP)

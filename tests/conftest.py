@@ -8,6 +8,7 @@ import torch
 
 import orchestrator.core.tracking  # noqa: F401 - its import-time environment defaults, before any test's snapshot
 from tests.isolation import ProcessState
+from tests.xdist_groups import group_items
 
 
 def _threads() -> int:
@@ -22,15 +23,10 @@ torch.set_num_threads(_threads())
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's loadgroup reads the marks
-def pytest_collection_modifyitems(items):
-    """A module whose tests share a fixture of the project wider than one test (a trained checkpoint,
-    an MLflow store) is one xdist group: its tests run in one worker, which builds the fixture once.
-    The other tests are dealt out one by one (`make test`: --dist loadgroup)."""
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info else ()
-        if any(d.scope != "function" and d.baseid for fds in defs for d in fds):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+def pytest_collection_modifyitems(config, items):
+    """A module whose tests share a fixture of the project wider than one test is one xdist group
+    (tests/xdist_groups.py); the other tests are dealt out one by one (`make test`: --dist loadgroup)."""
+    group_items(config, items)
 
 
 @pytest.fixture(autouse=True)

@@ -62,6 +62,16 @@ FORMS = {"v1": V1, "paper": PAPER, "query-layers": ("query", "layers", True),
 FORM_CASES = ["dynamic:v1", "dynamic:paper", "dynamic-last-2:query-layers", "dynamic-first-2:hidden-heads",
               "dynamic:v1/concat"]
 MODEL_CASES = [*router_specs(), "full/concat", *FORM_CASES, *_depth_mix_cases()]
+# Compiled training in `make test`: 5-15 s a case on 2 cores, 25 cases. A representative set stays there,
+# chosen so that each compiled code path is traced once: the op path of a static router (full, its
+# linear kind) and of a per-dim one (its own weight shape through the ops), the concatenation (no ops),
+# a token-dependent router over a sparse source set (dynamic-first-4: the dynamic kind with first's
+# sources) and the depth mix with its own K/V inputs through the decoder (MUDDFormer, every way). The
+# rest are marked slow (`make test-slow`, `make test-all`): every router's eager path is checked in
+# make test against the references (test_reference.py, test_kinds.py, test_op_path_... above) and
+# every depth mix's (test_peer_reference.py), so what only the slow cases add is Dynamo tracing one
+# more router of an already traced kind, form or mix family.
+FAST_COMPILED = {"full", "per-dim", "full/concat", "dynamic-first-4", "full+mudd"}
 BUFFERED = [s for s in router_specs((2,)) if isinstance(parse_router(s)[0].kind, BufferedKind)]  # buffer mixer
 LEARNED = [s for s in router_specs((2, 4)) if isinstance(parse_router(s)[0].kind, BufferedKind)]
 
@@ -246,11 +256,23 @@ def _generate_all(case: str, eager, twin, fwd) -> None:
         assert torch.equal(generate(fwd, x, 6), want), case
 
 
-@pytest.mark.parametrize("case", MODEL_CASES)
+def _fast_first(cases: list) -> list:
+    """``cases`` with every case outside FAST_COMPILED marked slow (the depth mixes' heavy ones are
+    already ``pytest.param``s marked slow)."""
+    return [c if not isinstance(c, str) or c in FAST_COMPILED else pytest.param(c, marks=pytest.mark.slow)
+            for c in cases]
+
+
+@pytest.mark.parametrize("case", _fast_first(MODEL_CASES))
 def test_compiled_training_equals_eager(case):
     """Dynamo + AOTAutograd (the graphs Inductor gets): every router, ``none``, the concatenation."""
     eager, twin, _ = _train_both(case, "aot_eager")
     _generate_all(case, eager, twin, None)
+
+
+def test_the_fast_compiled_cases_are_registered_cases():
+    """A renamed router or mix must not silently drop a case from the fast set."""
+    assert FAST_COMPILED.issubset(c for c in MODEL_CASES if isinstance(c, str))
 
 
 @pytest.mark.slow

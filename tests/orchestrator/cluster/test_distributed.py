@@ -60,9 +60,18 @@ def _losses(history: list[dict], key: str = "train/loss") -> dict[int, float]:
     return {h["step"]: h[key] for h in history if key in h}
 
 
-def test_two_workers_train_like_one_process_with_the_same_global_batch(tmp_path):
+@pytest.fixture(scope="module")
+def ddp(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """One two-worker DDP run of TINY (its folder, the ranks' results), read by the one-process
+    comparison and the FSDP2 one: each start of two spawned workers costs ~10 s of imports here,
+    and neither test changes the run or its checkpoints."""
+    out = tmp_path_factory.mktemp("ddp")
+    return out, _run_workers(out, TINY)
+
+
+def test_two_workers_train_like_one_process_with_the_same_global_batch(ddp):
     one = run_trial(TrialConfig.from_dict(TINY), tracking=Tracking(enabled=False))
-    ranks = _run_workers(tmp_path, TINY)
+    out, ranks = ddp
     ref = _losses(one.history)
     assert len(ref) == 12
     for r in ranks:
@@ -77,8 +86,8 @@ def test_two_workers_train_like_one_process_with_the_same_global_batch(tmp_path)
     val = _losses(ranks[0]["history"], "final/val_loss")
     assert val[12] == pytest.approx(one.metrics["final/val_loss"], rel=1e-6)
     # rank 0 wrote the checkpoint (in the one-process format), the other worker none
-    ck = load_checkpoint(tmp_path / "ck0")
-    assert ck["step"] == 12 and not (tmp_path / "ck1" / "checkpoint.pt").exists()
+    ck = load_checkpoint(out / "ck0")
+    assert ck["step"] == 12 and not (out / "ck1" / "checkpoint.pt").exists()
 
 
 def test_masked_targets_weight_each_worker_by_its_share_of_the_target_tokens(tmp_path):
@@ -117,15 +126,15 @@ def test_rank_slice_is_the_global_batch_cut_in_rows():
     assert check_split(6, 3) is None and "not a multiple" in check_split(6, 4)
 
 
-def test_fsdp2_trains_like_ddp_and_writes_a_checkpoint_one_process_resumes(tmp_path):
-    ddp = _run_workers(tmp_path / "ddp", TINY)
+def test_fsdp2_trains_like_ddp_and_writes_a_checkpoint_one_process_resumes(tmp_path, ddp):
+    ddp_path, ddp_ranks = ddp
     fsdp = _run_workers(tmp_path / "fsdp", TINY, strategy="fsdp")
-    a, b = _losses(ddp[0]["history"]), _losses(fsdp[0]["history"])
+    a, b = _losses(ddp_ranks[0]["history"]), _losses(fsdp[0]["history"])
     assert a.keys() == b.keys()
     assert max(abs(a[s] - b[s]) / abs(a[s]) for s in a) < 1e-6
     # the gathered checkpoint is the one-process format: `lime train --resume` continues it
     ck = load_checkpoint(tmp_path / "fsdp" / "ck0")
-    assert ck["step"] == 12 and sorted(ck["model"]) == sorted(load_checkpoint(tmp_path / "ddp" / "ck0")["model"])
+    assert ck["step"] == 12 and sorted(ck["model"]) == sorted(load_checkpoint(ddp_path / "ck0")["model"])
     cfg = json.loads(json.dumps(TINY))
     cfg["train"]["steps"] = 14
     t = Trainer(TrialConfig.from_dict(cfg), [])
