@@ -182,10 +182,17 @@ def test_mudd_at_init_is_the_baseline_bit_for_bit(router, dtype):
     (0 * X_j adds nothing) and the K/V gains are 1, so the logits are the baseline's bit for bit. The
     gradients agree to rounding only: the Q, K and V inputs go through the attention norm separately, so
     its backward runs three times and is summed after, where the baseline sums before it."""
+    grads = baseline_at_init(tiny, "mudd", router, dtype)
+    assert grads["depth_mix.proj.0.w2"].abs().sum() > 0 and grads["depth_mix.kv_gain"].abs().sum() > 0
+
+
+def baseline_at_init(make, spec: str, router: str, dtype) -> dict:
+    """The baseline and ``spec`` built by ``make`` from one seed (5 layers): the logits equal bit for bit,
+    every shared weight's gradient to rounding; returns the peer's gradients by name."""
     torch.manual_seed(4)
-    base = build_model(tiny("none", router, n_layers=5)).to(dtype)
+    base = build_model(make("none", router, n_layers=5)).to(dtype)
     torch.manual_seed(4)
-    peer = build_model(tiny("mudd", router, n_layers=5)).to(dtype)
+    peer = build_model(make(spec, router, n_layers=5)).to(dtype)
     idx = torch.randint(0, 256, (2, 10))
     out_b, out_p = base(idx), peer(idx)
     assert torch.equal(out_b, out_p)
@@ -195,8 +202,7 @@ def test_mudd_at_init_is_the_baseline_bit_for_bit(router, dtype):
     tol = 1e-5 if dtype == torch.float32 else 1e-12
     for n, p in base.named_parameters():
         torch.testing.assert_close(grads[n], p.grad, rtol=tol, atol=tol * p.grad.abs().max().item(), msg=n)
-    assert grads["depth_mix.proj.0.w2"].abs().sum() > 0 and grads["depth_mix.kv_gain"].abs().sum() > 0
-    assert grads["depth_mix.proj.0.w2"].abs().sum() > 0 and grads["depth_mix.kv_gain"].abs().sum() > 0
+    return grads
 
 
 def test_mudd_widths_and_shapes_by_hand():
